@@ -1,0 +1,46 @@
+# capsnet-serve developer commands. `make test` and `make serve` work on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DATA_DIR ?= ../shared/data/mnist
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Full install (serving + training + dev tools); re-run when pyproject.toml changes.
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[training,dev]'
+	touch $@
+
+# Serving install only: no torch.
+$(VENV)/.serve-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+dev-install: $(VENV)/.dev-installed
+
+lint: $(VENV)/.dev-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.dev-installed
+	$(BIN)/mypy
+
+pytest: $(VENV)/.dev-installed
+	CAPSNET_DATA_DIR=$${CAPSNET_DATA_DIR:-$(DATA_DIR)} $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+serve: $(VENV)/.serve-installed
+	$(BIN)/capsnet-serve --host $(HOST) --port $(PORT)
+
+benchmark: $(VENV)/.dev-installed
+	$(BIN)/python -m training.benchmark
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

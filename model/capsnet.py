@@ -1,0 +1,172 @@
+"""CapsNet with dynamic routing (Sabour, Frosst & Hinton 2017), written as static tensor code."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import CapsNetConfig
+
+EPS = 1e-8
+
+
+def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Non-linear squashing, Sabour et al. 2017 eq. 1: v = |s|^2/(1+|s|^2) * s/|s|."""
+    sq = (s * s).sum(dim=dim, keepdim=True)
+    return s * (sq / (1.0 + sq)) / torch.sqrt(sq + EPS)
+
+
+def capsule_length(v: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Length of each capsule vector; EPS keeps the gradient finite at zero."""
+    return torch.sqrt((v * v).sum(dim=dim) + EPS)
+
+
+def route_sabour(u_hat: torch.Tensor, iterations: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing by agreement, Sabour et al. 2017 Procedure 1.
+
+    Args:
+        u_hat: prediction vectors û_j|i, shape (B, N_in, N_out, D).
+        iterations: number of routing iterations r (unrolled, no data-dependent branching).
+
+    Returns:
+        v: output capsules (B, N_out, D) and the final coupling coefficients c (B, N_in, N_out).
+    """
+    b = torch.zeros_like(u_hat[..., 0])  # (B, N_in, N_out): logits b_ij, one set per sample
+    c = F.softmax(b, dim=2)  # eq. 3: c_ij = softmax_j(b_ij)
+    v = squash((c.unsqueeze(-1) * u_hat).sum(dim=1))  # eq. 2 and 1: s_j = Σ_i c_ij û_j|i -> (B, N_out, D)
+    for _ in range(iterations - 1):
+        b = b + (u_hat * v.unsqueeze(1)).sum(dim=-1)  # Procedure 1 line 7: b_ij += û_j|i · v_j
+        c = F.softmax(b, dim=2)
+        v = squash((c.unsqueeze(-1) * u_hat).sum(dim=1))
+    return v, c
+
+
+def route_normalized(u_hat: torch.Tensor, iterations: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing as clustering (the K-means view of routing by agreement).
+
+    v_j starts as the mean of its predictions; each iteration sets c_ij to the softmax over
+    classes of the current agreement <û_j|i, v_j/|v_j|> (not accumulated) and v_j = Σ_i c_ij û_j|i.
+    Squash is applied to the final output only.
+    """
+    v = u_hat.mean(dim=1)  # (B, N_out, D)
+    c = torch.full_like(u_hat[..., 0], 1.0 / u_hat.shape[2])
+    for _ in range(iterations):
+        direction = v / torch.sqrt((v * v).sum(dim=-1, keepdim=True) + EPS)  # (B, N_out, D)
+        agreement = (u_hat * direction.unsqueeze(1)).sum(dim=-1)  # (B, N_in, N_out)
+        c = F.softmax(agreement, dim=2)
+        v = (c.unsqueeze(-1) * u_hat).sum(dim=1)  # (B, N_out, D)
+    return squash(v), c
+
+
+class PrimaryCaps(nn.Module):
+    """Convolutional capsules: one conv whose channels are grouped into `dim`-D capsules (§4)."""
+
+    def __init__(self, cfg: CapsNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.conv = nn.Conv2d(
+            cfg.conv1_channels,
+            cfg.primary_types * cfg.primary_dim,
+            kernel_size=cfg.primary_kernel,
+            stride=cfg.primary_stride,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        u = self.conv(x)  # (B, types*dim, G, G)
+        g = cfg.primary_grid
+        u = u.reshape(-1, cfg.primary_types, cfg.primary_dim, g, g)  # (B, types, dim, G, G)
+        u = u.permute(0, 1, 3, 4, 2).reshape(-1, cfg.num_primary, cfg.primary_dim)  # (B, N_in, dim)
+        return squash(u)
+
+
+class DigitCaps(nn.Module):
+    """Fully connected capsule layer: û_j|i = W_ij u_i (eq. 2), one W_ij per (i, j), then routing."""
+
+    def __init__(self, cfg: CapsNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # (N_in, N_out, D_out, D_in): a separate 8x16 matrix for every (primary capsule, class) pair
+        self.weight = nn.Parameter(
+            0.01 * torch.randn(cfg.num_primary, cfg.num_classes, cfg.digit_dim, cfg.primary_dim)
+        )
+
+    def forward(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        u_hat = torch.einsum("ijdk,bik->bijd", self.weight, u)  # (B, N_in, N_out, D_out)
+        if self.cfg.routing == "sabour":
+            return route_sabour(u_hat, self.cfg.routing_iterations)
+        return route_normalized(u_hat, self.cfg.routing_iterations)
+
+
+class Decoder(nn.Module):
+    """Reconstruction network: masked poses -> FC 512 -> FC 1024 -> FC 784 sigmoid (§4.1, Fig. 2)."""
+
+    def __init__(self, cfg: CapsNetConfig) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = cfg.num_classes * cfg.digit_dim
+        for hidden in cfg.decoder_hidden:
+            layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True)]
+            width = hidden
+        layers += [nn.Linear(width, cfg.image_pixels), nn.Sigmoid()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """poses (B, N_out, D) and mask (B, N_out) -> reconstruction (B, pixels)."""
+        masked = poses * mask.unsqueeze(-1)  # (B, N_out, D)
+        return self.net(masked.flatten(start_dim=1))
+
+
+class CapsNetOutput(NamedTuple):
+    lengths: torch.Tensor  # (B, num_classes): capsule lengths, the per-class presence probability
+    poses: torch.Tensor  # (B, num_classes, digit_dim): the DigitCaps instantiation vectors v_j
+    reconstruction: torch.Tensor  # (B, pixels); zeros when the config has no decoder
+
+
+class CapsNet(nn.Module):
+    """Conv1 -> PrimaryCaps -> DigitCaps (routing) -> Decoder, Sabour et al. 2017 Figure 1."""
+
+    def __init__(self, cfg: CapsNetConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg or CapsNetConfig()
+        c = self.cfg
+        self.conv1 = nn.Conv2d(c.in_channels, c.conv1_channels, kernel_size=c.conv1_kernel)
+        self.primary = PrimaryCaps(c)
+        self.digit = DigitCaps(c)
+        self.decoder = Decoder(c) if c.use_decoder else None
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (B, C, H, W) -> poses (B, N_out, D) and coupling coefficients (B, N_in, N_out)."""
+        h = F.relu(self.conv1(x))  # (B, 256, 20, 20)
+        u = self.primary(h)  # (B, 1152, 8)
+        return self.digit(u)  # (B, 10, 16), (B, 1152, 10)
+
+    def class_mask(self, classes: torch.Tensor) -> torch.Tensor:
+        """Class indices (B,) -> one-hot mask (B, N_out)."""
+        return F.one_hot(classes, self.cfg.num_classes).to(torch.float32)
+
+    def decode(self, poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Reconstruct from caller-supplied poses (B, N_out, D) and a mask (B, N_out)."""
+        if self.decoder is None:
+            raise RuntimeError("this CapsNet configuration has no decoder")
+        return self.decoder(poses, mask.to(poses.dtype))
+
+    def decode_class(self, poses: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        """Reconstruct from the capsule of the chosen class (B,)."""
+        return self.decode(poses, self.class_mask(classes))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsNetOutput:
+        """Mask with `labels` when given (training), else with the longest capsule (inference)."""
+        poses, _ = self.encode(x)
+        lengths = capsule_length(poses)  # (B, N_out)
+        if self.decoder is None:
+            return CapsNetOutput(lengths, poses, x.new_zeros(x.shape[0], self.cfg.image_pixels))
+        classes = labels if labels is not None else lengths.argmax(dim=1)
+        return CapsNetOutput(lengths, poses, self.decode_class(poses, classes))
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,44 @@
+"""Checkpoints that hold everything needed to rebuild the model and resume training exactly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.architectures import Architecture, get_architecture
+
+CHECKPOINT_FORMAT = 1
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write atomically (temp file + rename) so an interrupted save never leaves a broken file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({"format": CHECKPOINT_FORMAT, **state}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"checkpoint {p} not found")
+    try:
+        state: dict[str, Any] = torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise ValueError(f"checkpoint {p} cannot be read: {e}") from e
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {p} is not a capsnet-serve checkpoint (format {CHECKPOINT_FORMAT})")
+    return state
+
+
+def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu") -> tuple[nn.Module, Architecture, dict[str, Any]]:
+    """Rebuild the model of a checkpoint in eval mode; also returns its architecture and the state."""
+    state = load_checkpoint(path)
+    arch = get_architecture(state["arch"])
+    model = arch.build(state["model_config"])
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), arch, state

@@ -1,0 +1,325 @@
+"""The training loop: seeded, resumable, optionally distributed (torchrun / DDP)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+from tqdm import tqdm
+
+from training.architectures import get_architecture
+from training.checkpoint import load_checkpoint, save_checkpoint
+from training.data import IDXError, MNISTSplit, file_hashes, load_split
+from training.evaluate import evaluate_torch, resolve_device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    arch: str = "dynamic"
+    preset: str = "paper"
+    routing: str | None = None  # None: the architecture's default
+    routing_iterations: int | None = None
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 1e-3
+    lr_decay: float = 0.96  # exponential decay per epoch
+    max_shift: int = 2  # the paper's only augmentation: shifts of up to 2 px
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = False  # bfloat16 autocast, CUDA only
+    train_subset: int | None = None
+    test_subset: int | None = None
+    eval_batch_size: int = 500
+    dry_run: bool = False
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Shift each image independently by up to `max_shift` pixels per axis, zero padded (§5).
+
+    images (B, C, H, W) -> (B, C, H, W). Offsets are drawn on the CPU generator for reproducibility.
+    """
+    if max_shift == 0:
+        return images
+    b, c, h, w = images.shape
+    dev = images.device
+    padded = torch.nn.functional.pad(images, (max_shift,) * 4)  # (B, C, H+2s, W+2s)
+    offsets = torch.randint(0, 2 * max_shift + 1, (2, b), generator=generator).to(dev)
+    rows = (offsets[0].view(b, 1) + torch.arange(h, device=dev)).view(b, 1, h, 1)
+    cols = (offsets[1].view(b, 1) + torch.arange(w, device=dev)).view(b, 1, 1, w)
+    batch_idx = torch.arange(b, device=dev).view(b, 1, 1, 1)
+    chan_idx = torch.arange(c, device=dev).view(1, c, 1, 1)
+    return padded[batch_idx, chan_idx, rows, cols]
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_name: str) -> DistInfo:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    use_cuda = device_name != "cpu" and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(info.local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return info
+
+
+def model_config_for(cfg: TrainConfig) -> dict[str, Any]:
+    overrides = dict(cfg.model_overrides)
+    if cfg.routing is not None:
+        overrides["routing"] = cfg.routing
+    if cfg.routing_iterations is not None:
+        overrides["routing_iterations"] = cfg.routing_iterations
+    return get_architecture(cfg.arch).make_config(cfg.preset, overrides)
+
+
+def epoch_batches(n: int, cfg: TrainConfig, epoch: int, info: DistInfo) -> list[torch.Tensor]:
+    """This rank's shuffled index batches for `epoch` (a DistributedSampler, seeded by seed and epoch)."""
+    sampler: DistributedSampler[int] = DistributedSampler(
+        range(n), num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed, drop_last=False
+    )
+    sampler.set_epoch(epoch)
+    idx = torch.tensor(list(sampler), dtype=torch.long)
+    return list(torch.split(idx, cfg.batch_size))
+
+
+def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [h["epoch"] for h in history]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(epochs, [h["train_loss"] for h in history], marker="o", label="train")
+    ax1.plot(epochs, [h["test_loss"] for h in history], marker="o", label="test")
+    ax1.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax1.legend()
+    ax2.plot(epochs, [100 * h["test_error"] for h in history], marker="o", label="test error")
+    ax2.plot(epochs, [100 * (1 - h["train_accuracy"]) for h in history], marker="o", label="train error")
+    ax2.set(xlabel="epoch", ylabel="error (%)", title="error", yscale="log")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+class Trainer:
+    """Owns the model, optimizer and data for one run; `fit` trains to `cfg.epochs`."""
+
+    def __init__(self, cfg: TrainConfig, data_dir: str | None, out_dir: str | os.PathLike[str] | None, resume: str | None = None) -> None:
+        self.cfg = cfg
+        self.out = Path(out_dir) if out_dir is not None else None
+        self.info = init_distributed(cfg.device)
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda" and self.info.world_size > 1:
+            self.device = torch.device("cuda", self.info.local_rank)
+        self.arch = get_architecture(cfg.arch)
+        self.train_split: MNISTSplit = load_split(data_dir, "train").subset(cfg.train_subset)
+        self.test_split: MNISTSplit = load_split(data_dir, "test").subset(cfg.test_subset)
+        self.data_hashes = file_hashes(data_dir)
+        torch.manual_seed(cfg.seed)
+        self.model_config = model_config_for(cfg)
+        self.model: nn.Module = self.arch.build(self.model_config).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=cfg.lr_decay)
+        self.epoch = 0
+        self.best_test_error = math.inf
+        self.history: list[dict[str, Any]] = []
+        self.command = [Path(sys.argv[0]).name, *sys.argv[1:]]
+        if resume:
+            self._restore(resume)
+        self.train_images = torch.from_numpy(self.train_split.images)
+        self.train_labels = torch.from_numpy(self.train_split.labels)
+        self.ddp: nn.Module = (
+            DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            if self.info.world_size > 1
+            else self.model
+        )
+
+    def _restore(self, path: str) -> None:
+        state = load_checkpoint(path)
+        if state["arch"] != self.cfg.arch or state["model_config"] != self.model_config:
+            raise ValueError(f"checkpoint {path} was trained with a different architecture or model config")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch = int(state["epoch"])
+        self.best_test_error = float(state["best_test_error"])
+        self.history = list(state["history"])
+        torch.set_rng_state(state["torch_rng"])
+        log.info("resumed from %s at epoch %d", path, self.epoch)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "arch": self.cfg.arch,
+            "model_config": self.model_config,
+            "train_config": asdict(self.cfg),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "epoch": self.epoch,
+            "best_test_error": self.best_test_error,
+            "history": self.history,
+            "torch_rng": torch.get_rng_state(),
+            "command": self.command,
+            "data_hashes": self.data_hashes,
+        }
+
+    def _autocast(self) -> Any:
+        enabled = self.cfg.amp and self.device.type == "cuda"
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def train_epoch(self) -> dict[str, float]:
+        cfg, epoch = self.cfg, self.epoch
+        gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch * 101 + self.info.rank)
+        batches = epoch_batches(len(self.train_split), cfg, epoch, self.info)
+        if cfg.dry_run:
+            batches = batches[:1]
+        self.ddp.train()
+        sums: dict[str, float] = {}
+        correct = seen = 0
+        total_steps = max(cfg.epochs * len(batches), 1)
+        bar = tqdm(batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not self.info.is_main, mininterval=2.0, file=sys.stderr)
+        for step, idx in enumerate(bar):
+            images = random_shift(to_float_t(self.train_images[idx]), cfg.max_shift, gen).to(self.device)
+            labels = self.train_labels[idx].to(self.device)
+            with self._autocast():
+                out = self.arch.forward(self.ddp, images, labels)
+            progress = (epoch * len(batches) + step) / total_steps
+            loss = self.arch.loss(out, images, labels, progress)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.total.backward()
+            self.optimizer.step()
+            n = len(idx)
+            seen += n
+            correct += int((self.arch.scores(out).argmax(dim=1) == labels).sum())
+            for key, value in {"train_loss": loss.total, **loss.parts}.items():
+                sums[key] = sums.get(key, 0.0) + float(value.detach()) * n
+            bar.set_postfix(loss=f"{sums['train_loss'] / seen:.4f}", acc=f"{correct / seen:.4f}")
+        self.scheduler.step()
+        return {**{k: v / max(seen, 1) for k, v in sums.items()}, "train_accuracy": correct / max(seen, 1), "train_images": seen}
+
+    def fit(self) -> list[dict[str, Any]]:
+        while self.epoch < self.cfg.epochs:
+            lr = self.optimizer.param_groups[0]["lr"]
+            start = time.perf_counter()
+            stats = self.train_epoch()
+            seconds = time.perf_counter() - start
+            max_batches = 1 if self.cfg.dry_run else None
+            result = evaluate_torch(self.model, self.arch, self.test_split, self.device, self.cfg.eval_batch_size, max_batches)
+            self.epoch += 1
+            row = {
+                "epoch": self.epoch,
+                **{k: round(v, 6) for k, v in stats.items() if k != "train_images"},
+                "test_loss": round(result.loss, 6),
+                "test_error": result.test_error,
+                "test_n": result.n,
+                "lr": lr,
+                "seconds": round(seconds, 2),
+                "images_per_second": round(stats["train_images"] * self.info.world_size / seconds, 1),
+            }
+            log.info("epoch %d: %s", self.epoch, json.dumps(row))
+            if self.cfg.dry_run:
+                self.history.append(row)
+                break
+            self._end_epoch(row)
+        return self.history
+
+    def _end_epoch(self, row: dict[str, Any]) -> None:
+        self.history.append(row)
+        if not self.info.is_main or self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        draw_curve(self.history, self.out / "training_curve.png")
+        is_best = row["test_error"] < self.best_test_error
+        if is_best:
+            self.best_test_error = row["test_error"]
+        state = self._state()
+        save_checkpoint(self.out / "last.pt", state)
+        if is_best:
+            save_checkpoint(self.out / "best.pt", state)
+
+
+def to_float_t(images: torch.Tensor) -> torch.Tensor:
+    return images.to(torch.float32) / 255.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="capsnet-train", description="Train a capsule network on MNIST.")
+    p.add_argument("--data-dir", default=None, help="directory with the MNIST IDX files, .gz or raw (default: $CAPSNET_DATA_DIR)")
+    p.add_argument("--out", default="runs/capsnet", help="output directory for checkpoints, metrics.jsonl and the curve (default: runs/capsnet)")
+    p.add_argument("--arch", default="dynamic", choices=["dynamic", "em"], help="dynamic routing (Sabour 2017) or EM routing (Hinton 2018) (default: dynamic)")
+    p.add_argument("--preset", default="paper", choices=["paper", "tiny"], help="model size: the paper's, or tiny for smoke tests (default: paper)")
+    p.add_argument("--routing", default=None, choices=["sabour", "normalized"], help="dynamic-routing variant (default: sabour)")
+    p.add_argument("--routing-iterations", type=int, default=None, help="routing iterations (default: 3)")
+    p.add_argument("--epochs", type=int, default=30, help="total epochs to train to (default: 30)")
+    p.add_argument("--batch-size", type=int, default=128, help="batch size per process (default: 128)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 0.001)")
+    p.add_argument("--lr-decay", type=float, default=0.96, help="exponential learning-rate decay per epoch (default: 0.96)")
+    p.add_argument("--max-shift", type=int, default=2, help="random shift augmentation in pixels (default: 2)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
+    p.add_argument("--amp", action="store_true", help="bfloat16 mixed precision on CUDA (default: off)")
+    p.add_argument("--resume", default=None, metavar="CKPT", help="resume from a checkpoint (default: start fresh)")
+    p.add_argument("--train-subset", type=int, default=None, help="train on the first N images only (default: all)")
+    p.add_argument("--test-subset", type=int, default=None, help="evaluate on the first N test images only (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="run one training and one evaluation batch, write nothing, exit")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = TrainConfig(
+        arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, lr_decay=args.lr_decay, max_shift=args.max_shift,
+        seed=args.seed, device=args.device, amp=args.amp, train_subset=args.train_subset,
+        test_subset=args.test_subset, dry_run=args.dry_run,
+    )  # fmt: skip
+    try:
+        trainer = Trainer(cfg, args.data_dir, None if args.dry_run else args.out, args.resume)
+        history = trainer.fit()
+    except (IDXError, FileNotFoundError, ValueError) as e:
+        print(f"capsnet-train: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if history:
+        print(json.dumps(history[-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
