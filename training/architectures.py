@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -23,6 +23,43 @@ class LossParts:
     parts: dict[str, torch.Tensor]
 
 
+OutputRole = Literal["scores", "poses", "reconstruction"]
+
+
+@dataclass(frozen=True)
+class ExportOutput:
+    """One named output of `capsnet.onnx`; the roles are defined in docs/model-card.md."""
+
+    name: str
+    role: OutputRole
+    description: str
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """What `training.export` needs to know about one built model; shapes are measured, not declared.
+
+    Args:
+        outputs: the outputs of `capsnet.onnx` in order; exactly one has role "scores".
+        forward: (model, images (N, C, H, W)) -> the tensors of `outputs`, in order, at inference
+            (no labels: any masking uses the model's own prediction).
+        decode: (model, poses (N, K, *pose_shape), mask (N, K)) -> reconstruction (N, C, H, W);
+            None when the model has no decoder (no `decoder.onnx`, the card's `decoder` is null).
+        routing: the card's routing object, {"algorithm", "variant", "iterations"}.
+        scores_kind: "capsule_length" or "activation".
+        description: the card's one-line description.
+        input_shape: one image, (C, H, W).
+    """
+
+    outputs: tuple[ExportOutput, ...]
+    forward: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, ...]]
+    decode: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None
+    routing: dict[str, Any]
+    scores_kind: Literal["capsule_length", "activation"]
+    description: str
+    input_shape: tuple[int, int, int] = (1, 28, 28)
+
+
 @dataclass(frozen=True)
 class Architecture:
     """Args:
@@ -31,6 +68,7 @@ class Architecture:
     loss: (outputs, images, labels, training progress in [0, 1]) -> LossParts.
     scores: outputs -> class scores (B, K); the argmax is the prediction.
     forward: (model, images, labels or None) -> outputs.
+    export: (model, model config dict) -> ExportSpec; None when the architecture cannot be exported.
     """
 
     name: str
@@ -39,6 +77,7 @@ class Architecture:
     loss: Callable[[Any, torch.Tensor, torch.Tensor, float], LossParts]
     scores: Callable[[Any], torch.Tensor]
     forward: Callable[[nn.Module, torch.Tensor, torch.Tensor | None], Any]
+    export: Callable[[nn.Module, dict[str, Any]], ExportSpec] | None = None
 
 
 RECONSTRUCTION_WEIGHT = 0.0005  # Sabour et al. 2017 §4.1
@@ -59,6 +98,39 @@ def _dynamic_loss(out: Any, images: torch.Tensor, labels: torch.Tensor, progress
     return LossParts(margin + RECONSTRUCTION_WEIGHT * recon, {"margin_loss": margin, "reconstruction_loss": recon})
 
 
+def _dynamic_export_forward(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    out = cast(CapsNet, model)(images)  # masks the decoder input with the longest capsule
+    if cast(CapsNet, model).decoder is None:
+        return out.lengths, out.poses
+    return out.lengths, out.poses, out.reconstruction.reshape(images.shape)  # (N, pixels) -> (N, C, H, W)
+
+
+def _dynamic_decode(model: nn.Module, poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    cfg = cast(CapsNet, model).cfg
+    flat = cast(CapsNet, model).decode(poses, mask)  # (N, pixels)
+    return flat.reshape(-1, cfg.in_channels, cfg.image_size, cfg.image_size)
+
+
+def _dynamic_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
+    cfg = CapsNetConfig.from_dict(config)
+    outputs = [
+        ExportOutput("lengths", "scores", "capsule lengths |v_j| in [0, 1): the presence probability of each class"),
+        ExportOutput("poses", "poses", "DigitCaps activity vectors v_j: the instantiation parameters of each class"),
+    ]
+    if cfg.use_decoder:
+        outputs.append(ExportOutput("reconstruction", "reconstruction", "decoder output from the longest capsule"))
+    return ExportSpec(
+        outputs=tuple(outputs),
+        forward=_dynamic_export_forward,
+        decode=_dynamic_decode if cfg.use_decoder else None,
+        routing={"algorithm": "dynamic", "variant": cfg.routing, "iterations": cfg.routing_iterations},
+        scores_kind="capsule_length",
+        description=f"CapsNet with dynamic routing (Sabour et al. 2017; {cfg.routing}, "
+        f"{cfg.routing_iterations} iterations) for MNIST digits",
+        input_shape=(cfg.in_channels, cfg.image_size, cfg.image_size),
+    )
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     "dynamic": Architecture(
         name="dynamic",
@@ -67,6 +139,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         loss=_dynamic_loss,
         scores=lambda out: out.lengths,
         forward=lambda model, images, labels: model(images, labels),
+        export=_dynamic_export,
     ),
 }
 
