@@ -1,0 +1,175 @@
+"""Reading images from v1 requests: multipart files, or JSON with base64 data or raw arrays."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException
+
+from service.api.schemas import ImageInput, ImagesRequest, InputInfo
+from service.core.config import Settings
+from service.core.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType
+from service.imaging import ImageDecodeError, ImageLimits, array_from_pixels, decode_image, preprocess
+from service.runtime.card import ModelCard
+
+Invert = Literal["auto", "true", "false"]
+INVERT_CHOICES: dict[str, bool | None] = {"auto": None, "true": True, "false": False}
+M = TypeVar("M", bound=BaseModel)
+IMAGE_CONTENT_TYPES = "multipart/form-data (image files) or application/json ({'images': [...]})"
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    invert: bool | None
+    normalize: bool
+
+
+@dataclass(frozen=True)
+class ImageBatch:
+    """The model's input (N, *image_shape) and how each image was prepared."""
+
+    array: np.ndarray
+    info: list[InputInfo]
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def image_error(e: ImageDecodeError, where: str) -> ServiceError:
+    message = f"{where}: {e}"
+    if e.status == 413:
+        return PayloadTooLarge(message)
+    if e.status == 415:
+        return UnsupportedMediaType(message)
+    return InvalidInput(message)
+
+
+def pydantic_problem(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
+
+
+async def read_json(request: Request) -> Any:
+    """The body parsed as JSON; 415 for another content type, 400 for malformed JSON."""
+    if media_type(request) != "application/json":
+        raise UnsupportedMediaType(
+            f"unsupported content type {media_type(request) or '(none)'!r}; send application/json"
+        )
+    body = await request.body()
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidInput(f"malformed JSON: {e}") from e
+
+
+def parse_model(cls: type[M], data: Any) -> M:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise InvalidInput(f"invalid request body: {pydantic_problem(e)}") from e
+
+
+def decode_base64(data: str, where: str) -> bytes:
+    if data.startswith("data:"):
+        _, sep, data = data.partition(",")
+        if not sep:
+            raise InvalidInput(f"{where}: malformed data: URL (no comma)")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InvalidInput(f"{where}: malformed base64: {e}") from e
+
+
+def prepare_file(data: bytes, options: PreprocessOptions, limits: ImageLimits) -> tuple[np.ndarray, bool, bool]:
+    """Decode and preprocess one encoded image (CPU work: call in a thread)."""
+    result = preprocess(decode_image(data, limits), invert=options.invert, normalize=options.normalize)
+    return result.array, result.inverted, result.normalized
+
+
+async def prepare_encoded(
+    data: bytes, source: str, filename: str | None, where: str, options: PreprocessOptions, limits: ImageLimits
+) -> tuple[np.ndarray, InputInfo]:
+    try:
+        array, inverted, normalized = await run_in_threadpool(prepare_file, data, options, limits)
+    except ImageDecodeError as e:
+        raise image_error(e, where) from e
+    return array, InputInfo(source=source, filename=filename, inverted=inverted, normalized=normalized)
+
+
+async def read_multipart(request: Request, settings: Settings) -> list[tuple[bytes, str | None]]:
+    try:
+        form = await request.form(max_files=1000, max_fields=1000, max_part_size=settings.max_body_bytes)
+    except MultiPartException as e:
+        raise InvalidInput(f"malformed multipart body: {e.message}") from e
+    files = []
+    for key, value in form.multi_items():
+        if not isinstance(value, UploadFile):
+            raise InvalidInput(
+                f"unexpected form field {key!r}: send images as file parts; options go in the query string"
+            )
+        files.append((await value.read(), value.filename))
+    await form.close()
+    return files
+
+
+def check_count(n: int, settings: Settings) -> None:
+    if n == 0:
+        raise InvalidInput("no images in the request")
+    if n > settings.max_images_per_request:
+        raise PayloadTooLarge(
+            f"too many images: {n} in one request, the limit is {settings.max_images_per_request} "
+            "(CAPSNET_MAX_IMAGES_PER_REQUEST)"
+        )
+
+
+def as_model_input(arrays: list[np.ndarray], card: ModelCard) -> np.ndarray:
+    batch = np.stack(arrays).astype(np.float32, copy=False)  # (N, 28, 28)
+    if batch[0].size != np.prod(card.image_shape):
+        raise InvalidInput(f"model {card.name!r} expects images of shape {list(card.image_shape)}")
+    return batch.reshape(len(arrays), *card.image_shape)
+
+
+async def read_images(request: Request, card: ModelCard, settings: Settings, options: PreprocessOptions) -> ImageBatch:
+    """All images of a v1 request, preprocessed into the model's input batch."""
+    limits = ImageLimits(max_pixels=settings.max_image_pixels)
+    kind = media_type(request)
+    arrays: list[np.ndarray] = []
+    info: list[InputInfo] = []
+    if kind == "multipart/form-data":
+        files = await read_multipart(request, settings)
+        check_count(len(files), settings)
+        for i, (data, filename) in enumerate(files):
+            array, meta = await prepare_encoded(data, "file", filename, f"file {i} ({filename})", options, limits)
+            arrays.append(array)
+            info.append(meta)
+    elif kind == "application/json":
+        body = parse_model(ImagesRequest, await read_json(request))
+        check_count(len(body.images), settings)
+        for i, image in enumerate(body.images):
+            array, meta = await read_json_image(image, f"images[{i}]", options, limits)
+            arrays.append(array)
+            info.append(meta)
+    else:
+        raise UnsupportedMediaType(f"unsupported content type {kind or '(none)'!r}; send {IMAGE_CONTENT_TYPES}")
+    return ImageBatch(as_model_input(arrays, card), info)
+
+
+async def read_json_image(
+    image: ImageInput, where: str, options: PreprocessOptions, limits: ImageLimits
+) -> tuple[np.ndarray, InputInfo]:
+    if image.data is not None:
+        return await prepare_encoded(decode_base64(image.data, where), "base64", None, where, options, limits)
+    try:
+        array = array_from_pixels(image.array)
+    except ImageDecodeError as e:
+        raise image_error(e, f"{where}.array") from e
+    return array, InputInfo(source="array", inverted=False, normalized=False)

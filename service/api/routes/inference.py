@@ -1,0 +1,384 @@
+"""v1 application API: classify, capsules, reconstruct, perturb and decode, for a named or the default model.
+
+Every route exists twice: `/v1/models/{name}/<op>` and `/v1/<op>` (the default model).
+Options go in the query string; images in the body (multipart files or JSON, see `ImagesRequest`).
+"""
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Depends, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import SettingsDep, default_model, named_model
+from service.api.inputs import INVERT_CHOICES, Invert, PreprocessOptions, parse_model, read_images, read_json
+from service.api.schemas import (
+    CapsuleResult,
+    CapsulesResponse,
+    ClassifyResponse,
+    DecodeRequest,
+    DecodeResponse,
+    ErrorV1,
+    InputInfo,
+    PerturbResponse,
+    Prediction,
+    Reconstruction,
+    ReconstructResponse,
+    TopK,
+)
+from service.core.errors import InvalidInput
+from service.imaging import array_to_png
+from service.runtime.batcher import Tensors
+from service.runtime.card import ModelCard
+from service.runtime.model import ServedModel
+
+Format = Literal["json", "png"]
+MAX_PERTURB_STEPS = 41
+DECIMALS = 6  # v1 JSON rounds floats to 6 decimals; v2 returns them exactly
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorV1, "description": text}
+    for code, text in {
+        400: "invalid input (bad image, malformed JSON or base64, bad option)",
+        404: "unknown model",
+        409: "the model cannot do this (no decoder)",
+        413: "body, image or image count over the limit",
+        415: "unsupported content type or image format",
+        503: "model not ready, overloaded or shutting down (with Retry-After)",
+        504: "inference timed out",
+    }.items()
+}
+IMAGES_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "Images as multipart file parts (any field name; PNG, JPEG, GIF, BMP, WebP), "
+        "or JSON with base64 data or raw 28×28 arrays in [0, 1].",
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+                    "required": ["files"],
+                }
+            },
+            "application/json": {"schema": {"$ref": "#/components/schemas/ImagesRequest"}},
+        },
+    }
+}
+DECODE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DecodeRequest"}}},
+    }
+}
+PNG_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"image/png": {}}, "description": "JSON by default; a PNG with format=png"}
+}
+
+
+def preprocess_options(
+    invert: Annotated[
+        Invert, Query(description="auto: invert dark-on-light images (photos, drawings); true/false: force")
+    ] = "auto",
+    normalize: Annotated[
+        bool, Query(description="MNIST normalization: 20×20 box placed by centre of mass; false for MNIST-like images")
+    ] = True,
+) -> PreprocessOptions:
+    return PreprocessOptions(INVERT_CHOICES[invert], normalize)
+
+
+OptionsDep = Annotated[PreprocessOptions, Depends(preprocess_options)]
+ClassQuery = Annotated[
+    int | None, Query(alias="class", ge=0, description="class to decode; default: the predicted class")
+]
+FormatQuery = Annotated[Format, Query(description="json: arrays in [0, 1]; png: a grayscale PNG")]
+
+
+def rounded(a: np.ndarray) -> Any:
+    return np.round(a.astype(np.float64), DECIMALS).tolist()
+
+
+def probabilities(scores: np.ndarray) -> np.ndarray:
+    """scores / sum(scores) per row (uniform where every score is 0): a distribution derived from the scores."""
+    total = scores.sum(axis=-1, keepdims=True)
+    uniform = np.full_like(scores, 1.0 / scores.shape[-1])
+    return np.where(total > 0, scores / np.where(total > 0, total, 1.0), uniform)
+
+
+def check_class(card: ModelCard, class_index: int | None) -> None:
+    if class_index is not None and class_index >= len(card.classes):
+        raise InvalidInput(
+            f"class {class_index} is out of range: model {card.name!r} has classes 0..{len(card.classes) - 1}"
+        )
+
+
+def prediction(card: ModelCard, scores: np.ndarray, info: InputInfo, index: int, top_k: int) -> Prediction:
+    probs = probabilities(scores)
+    order = np.argsort(-scores, kind="stable")[:top_k]
+    best = int(order[0])
+    return Prediction(
+        index=index,
+        predicted_class=best,
+        label=card.classes[best],
+        score_kind=card.scores.kind,
+        scores=rounded(scores),
+        probabilities=rounded(probs),
+        top_k=[
+            TopK(
+                class_=int(c),
+                label=card.classes[c],
+                score=round(float(scores[c]), DECIMALS),
+                probability=round(float(probs[c]), DECIMALS),
+            )
+            for c in order
+        ],
+        preprocessing=info,
+    )
+
+
+async def classify_images(
+    request: Request, model: ServedModel, settings: SettingsDep, options: PreprocessOptions, include_input: bool
+) -> tuple[ModelCard, list[InputInfo], Tensors]:
+    card = model.require_ready()
+    batch = await read_images(request, card, settings, options)
+    outputs = await model.infer(batch.array)
+    if include_input:
+        for info, image in zip(batch.info, batch.array, strict=True):
+            info.input = rounded(image.reshape(card.image_shape[-2:]))
+    return card, batch.info, outputs
+
+
+def one_hot(classes: np.ndarray, k: int) -> np.ndarray:
+    mask = np.zeros((len(classes), k), np.float32)
+    mask[np.arange(len(classes)), classes] = 1.0
+    return mask
+
+
+def image_2d(card: ModelCard, image: np.ndarray) -> np.ndarray:
+    return image.reshape(card.image_shape[-2:])
+
+
+async def png_response(array: np.ndarray) -> Response:
+    return Response(await run_in_threadpool(array_to_png, array), media_type="image/png")
+
+
+def add_inference_routes(router: APIRouter, prefix: str, model_dep: Callable[..., ServedModel], suffix: str) -> None:
+    """Register the five operations under `prefix`, resolving the model with `model_dep`."""
+    ModelDep = Annotated[ServedModel, Depends(model_dep)]
+    which = "the default model" if suffix == "default" else "the named model"
+
+    @router.post(
+        f"{prefix}/classify",
+        operation_id=f"classify_{suffix}",
+        summary=f"Classify images with {which}",
+        responses=ERRORS,
+        openapi_extra=IMAGES_BODY,
+    )
+    async def classify(
+        request: Request,
+        model: ModelDep,
+        settings: SettingsDep,
+        options: OptionsDep,
+        top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = 3,
+        include_input: Annotated[bool, Query(description="also return the 28×28 array the model received")] = False,
+    ) -> ClassifyResponse:
+        """Per image: the predicted class and label, the per-class scores (capsule lengths, the paper's presence
+        probabilities), `probabilities` = scores / sum(scores), and the top-k classes."""
+        card = model.require_ready()
+        if top_k > len(card.classes):
+            raise InvalidInput(f"top_k {top_k} is larger than the {len(card.classes)} classes of model {card.name!r}")
+        card, info, outputs = await classify_images(request, model, settings, options, include_input)
+        scores = outputs[card.scores.output]
+        return ClassifyResponse(
+            model=card.name,
+            model_version=card.version,
+            predictions=[prediction(card, scores[i], info[i], i, top_k) for i in range(len(info))],
+        )
+
+    @router.post(
+        f"{prefix}/capsules",
+        operation_id=f"capsules_{suffix}",
+        summary=f"Capsule poses (instantiation parameters) from {which}",
+        responses=ERRORS,
+        openapi_extra=IMAGES_BODY,
+    )
+    async def capsules(
+        request: Request,
+        model: ModelDep,
+        settings: SettingsDep,
+        options: OptionsDep,
+        include_input: Annotated[bool, Query(description="also return the 28×28 array the model received")] = False,
+    ) -> CapsulesResponse:
+        """Per image: every class's pose (10×16 for dynamic routing, 10×4×4 for EM), the scores, and the
+        predicted class's pose as `predicted_pose`."""
+        card, info, outputs = await classify_images(request, model, settings, options, include_input)
+        scores, poses = outputs[card.scores.output], outputs[card.output_for("poses").name]
+        results = []
+        for i in range(len(info)):
+            p = prediction(card, scores[i], info[i], i, len(card.classes))
+            results.append(
+                CapsuleResult(
+                    **p.model_dump(), poses=rounded(poses[i]), predicted_pose=rounded(poses[i, p.predicted_class])
+                )
+            )
+        return CapsulesResponse(
+            model=card.name, model_version=card.version, pose_shape=card.pose_shape, capsules=results
+        )
+
+    @router.post(
+        f"{prefix}/reconstruct",
+        operation_id=f"reconstruct_{suffix}",
+        response_model=ReconstructResponse,
+        summary=f"Reconstruct images through the decoder of {which}",
+        responses={**ERRORS, **PNG_RESPONSE},
+        openapi_extra=IMAGES_BODY,
+    )
+    async def reconstruct(
+        request: Request,
+        model: ModelDep,
+        settings: SettingsDep,
+        options: OptionsDep,
+        class_index: ClassQuery = None,
+        format: FormatQuery = "json",
+    ) -> ReconstructResponse | Response:
+        """Decode each image's capsule of the predicted class (or of `class`). `format=png` takes one image."""
+        card = model.require_decoder()
+        check_class(card, class_index)
+        card, info, outputs = await classify_images(request, model, settings, options, False)
+        if format == "png" and len(info) != 1:
+            raise InvalidInput(f"format=png returns one image but the request has {len(info)}; use format=json")
+        predicted = outputs[card.scores.output].argmax(axis=1)
+        chosen = predicted if class_index is None else np.full_like(predicted, class_index)
+        images = await model.decode(outputs[card.output_for("poses").name], one_hot(chosen, len(card.classes)))
+        if format == "png":
+            return await png_response(image_2d(card, images[0]))
+        return ReconstructResponse(
+            model=card.name,
+            model_version=card.version,
+            reconstructions=[
+                Reconstruction(
+                    index=i,
+                    class_=int(chosen[i]),
+                    label=card.classes[int(chosen[i])],
+                    predicted_class=int(predicted[i]),
+                    image=rounded(image_2d(card, images[i])),
+                )
+                for i in range(len(info))
+            ],
+        )
+
+    @router.post(
+        f"{prefix}/perturb",
+        operation_id=f"perturb_{suffix}",
+        response_model=PerturbResponse,
+        summary=f"Sabour et al. 2017 Figure 4: vary each pose dimension and decode ({which})",
+        responses={**ERRORS, **PNG_RESPONSE},
+        openapi_extra=IMAGES_BODY,
+    )
+    async def perturb(
+        request: Request,
+        model: ModelDep,
+        settings: SettingsDep,
+        options: OptionsDep,
+        class_index: ClassQuery = None,
+        low: Annotated[float, Query(ge=-10, le=10, description="first value added to a dimension")] = -0.25,
+        high: Annotated[float, Query(ge=-10, le=10, description="last value added to a dimension")] = 0.25,
+        step: Annotated[float, Query(gt=0, description="spacing of the added values")] = 0.05,
+        format: FormatQuery = "json",
+    ) -> PerturbResponse | Response:
+        """For one image, add each of `low, low+step, …, high` to each dimension of the class's pose in turn
+        and decode: a grid with one row per dimension and one column per value (PNG: rows × columns of
+        28×28 tiles)."""
+        card = model.require_decoder()
+        check_class(card, class_index)
+        deltas = perturbation_deltas(low, high, step)
+        card, info, outputs = await classify_images(request, model, settings, options, False)
+        if len(info) != 1:
+            raise InvalidInput(f"perturb takes one image, the request has {len(info)}")
+        predicted = int(outputs[card.scores.output][0].argmax())
+        chosen = predicted if class_index is None else class_index
+        poses = outputs[card.output_for("poses").name][0]  # (K, *pose_shape)
+        grid_poses = perturbed_poses(poses, chosen, deltas)  # (P * n, K, *pose_shape)
+        mask = one_hot(np.full(len(grid_poses), chosen), len(card.classes))
+        images = await model.decode(grid_poses, mask)
+        height, width = card.image_shape[-2:]
+        grid = images.reshape(card.pose_size, len(deltas), height, width)
+        if format == "png":
+            return await png_response(grid.transpose(0, 2, 1, 3).reshape(card.pose_size * height, len(deltas) * width))
+        return PerturbResponse(
+            model=card.name,
+            model_version=card.version,
+            class_=chosen,
+            label=card.classes[chosen],
+            predicted_class=predicted,
+            deltas=rounded(deltas),
+            pose=rounded(poses[chosen].reshape(-1)),
+            images=rounded(grid),
+        )
+
+    @router.post(
+        f"{prefix}/decode",
+        operation_id=f"decode_{suffix}",
+        response_model=DecodeResponse,
+        summary=f"Reconstruct from caller-supplied (edited) poses with {which}",
+        responses={**ERRORS, **PNG_RESPONSE},
+        openapi_extra=DECODE_BODY,
+    )
+    async def decode(request: Request, model: ModelDep, format: FormatQuery = "json") -> DecodeResponse | Response:
+        """Decode the given poses (every class, e.g. from `capsules`, with edits) through the mask of `class`
+        (one-hot) or through an explicit per-class `mask`."""
+        card = model.require_decoder()
+        body = parse_model(DecodeRequest, await read_json(request))
+        poses, mask = decode_inputs(card, body)
+        images = await model.decode(poses[None], mask[None])
+        if format == "png":
+            return await png_response(image_2d(card, images[0]))
+        return DecodeResponse(model=card.name, model_version=card.version, image=rounded(image_2d(card, images[0])))
+
+
+def perturbation_deltas(low: float, high: float, step: float) -> np.ndarray:
+    if high < low:
+        raise InvalidInput(f"high ({high:g}) must not be below low ({low:g})")
+    n = int(np.floor((high - low) / step + 1e-9)) + 1
+    if n > MAX_PERTURB_STEPS:
+        raise InvalidInput(
+            f"{n} perturbation steps from {low:g} to {high:g} by {step:g}; the limit is {MAX_PERTURB_STEPS}"
+        )
+    return (low + step * np.arange(n)).astype(np.float32)
+
+
+def perturbed_poses(poses: np.ndarray, chosen: int, deltas: np.ndarray) -> np.ndarray:
+    """Poses (K, *pose_shape) -> (P * n, K, *pose_shape): row d*n + j adds deltas[j] to dimension d of `chosen`."""
+    k, p, n = poses.shape[0], poses[chosen].size, len(deltas)
+    flat = np.repeat(poses.reshape(1, k, p), p * n, axis=0)  # (P*n, K, P)
+    rows = np.arange(p * n)
+    flat[rows, chosen, rows // n] += deltas[rows % n]
+    return flat.reshape(p * n, *poses.shape).astype(np.float32)
+
+
+def decode_inputs(card: ModelCard, body: DecodeRequest) -> tuple[np.ndarray, np.ndarray]:
+    k = len(card.classes)
+    expected = [k, *card.pose_shape]
+    try:
+        poses = np.asarray(body.poses, dtype=np.float32)
+    except (ValueError, TypeError) as e:
+        raise InvalidInput(f"poses must be a numeric array of shape {expected}: {e}") from e
+    if list(poses.shape) != expected:
+        raise InvalidInput(f"poses must have shape {expected} for model {card.name!r}, got {list(poses.shape)}")
+    if body.mask is not None:
+        mask = np.asarray(body.mask, dtype=np.float32)
+        if mask.shape != (k,):
+            raise InvalidInput(f"mask must have {k} values (one per class), got {mask.size}")
+    else:
+        assert body.class_index is not None
+        check_class(card, body.class_index)
+        mask = one_hot(np.array([body.class_index]), k)[0]
+    if not (np.isfinite(poses).all() and np.isfinite(mask).all()):
+        raise InvalidInput("poses and mask must be finite numbers (no NaN or infinity)")
+    return poses, mask
+
+
+router = APIRouter(tags=["v1"])
+add_inference_routes(router, "/v1/models/{name}", named_model, "named")
+add_inference_routes(router, "/v1", default_model, "default")

@@ -1,0 +1,260 @@
+"""Open Inference Protocol (KServe v2) over REST, as its specification describes.
+
+Health answers 200 (true) or 400 (false) with an empty body; errors are `{"error": "<message>"}`.
+Tensors go as JSON (flat or nested, row-major), or with the binary tensor data extension
+(`Inference-Header-Content-Length`, as Triton's clients send by default).
+"""
+
+import json
+import math
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.api.deps import RegistryDep, SettingsDep
+from service.api.inputs import media_type, parse_model
+from service.api.schemas import (
+    ErrorV2,
+    InferenceRequest,
+    InferenceResponse,
+    MetadataTensor,
+    ModelMetadata,
+    RequestInput,
+    ServerMetadata,
+)
+from service.core.config import Settings
+from service.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge, UnsupportedMediaType
+from service.runtime.card import ModelCard
+from service.runtime.model import ServedModel
+
+router = APIRouter(tags=["v2 (Open Inference Protocol)"])
+
+SERVER_NAME = "capsnet-serve"
+PLATFORM = "onnxruntime_onnx"
+BINARY_HEADER = "inference-header-content-length"
+EXTENSIONS = ["binary_tensor_data"]
+NUMPY_DATATYPES = {"FP32": np.dtype("<f4")}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorV2} for code in (400, 404, 413, 415, 503, 504)}
+INFER_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/InferenceRequest"}}},
+    }
+}
+
+
+def server_version() -> str:
+    try:
+        return version("capsnet-serve")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def latest_model(registry: RegistryDep, name: Annotated[str, Path(description="model name")]) -> ServedModel:
+    return registry.get(name)
+
+
+def versioned_model(
+    registry: RegistryDep,
+    name: Annotated[str, Path(description="model name")],
+    model_version: Annotated[str, Path(description="model version (the card's `version`)")],
+) -> ServedModel:
+    model = registry.get(name)
+    if model.card is not None and model_version != model.card.version:
+        raise ModelNotFound(f"model {name!r} has no version {model_version!r} (served: {model.card.version!r})")
+    return model
+
+
+@router.get("/v2", summary="Server metadata")
+async def server_metadata() -> ServerMetadata:
+    return ServerMetadata(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)
+
+
+@router.get("/v2/health/live", summary="Server live (200 true, 4xx false; empty body)")
+async def server_live() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/v2/health/ready", summary="Server ready: every model ready (200 true, 400 false; empty body)")
+async def server_ready(registry: RegistryDep) -> Response:
+    return Response(status_code=200 if registry.all_ready else 400)
+
+
+def model_metadata(model: ServedModel) -> ModelMetadata:
+    card = model.require_ready()
+    return ModelMetadata(
+        name=card.name,
+        versions=[card.version],
+        platform=PLATFORM,
+        inputs=[MetadataTensor(name=card.input.name, datatype=card.input.datatype, shape=card.input.shape)],
+        outputs=[MetadataTensor(name=o.name, datatype=o.datatype, shape=o.shape) for o in card.outputs],
+        parameters={"execution_provider": model.provider or "", "architecture": card.architecture},
+    )
+
+
+async def read_infer_body(request: Request) -> tuple[Any, bytes]:
+    """The JSON part of the request and the binary part (empty without the binary tensor data extension)."""
+    body = await request.body()
+    header_length = request.headers.get(BINARY_HEADER)
+    if header_length is None:
+        if media_type(request) not in ("application/json", ""):
+            raise UnsupportedMediaType(f"unsupported content type {media_type(request)!r}; send application/json")
+        json_part, binary = body, b""
+    else:
+        try:
+            n = int(header_length)
+        except ValueError:
+            n = -1
+        if not 0 <= n <= len(body):
+            raise InvalidInput(f"{BINARY_HEADER} {header_length!r} is not a length within the {len(body)}-byte body")
+        json_part, binary = body[:n], body[n:]
+    try:
+        return json.loads(json_part), binary
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidInput(f"malformed JSON: {e}") from e
+
+
+def check_shape(card: ModelCard, tensor: RequestInput, settings: Settings) -> tuple[int, ...]:
+    expected = card.input.shape
+    shape = tensor.shape
+    if len(shape) != len(expected) or any(e != -1 and s != e for s, e in zip(shape, expected, strict=True)):
+        raise InvalidInput(f"input {tensor.name!r} has shape {shape}; model {card.name!r} expects {expected}")
+    if any(s < 0 for s in shape) or shape[0] < 1:
+        raise InvalidInput(f"input {tensor.name!r} has shape {shape}; dimensions must be positive")
+    if shape[0] > settings.max_images_per_request:
+        raise PayloadTooLarge(
+            f"too many images: batch of {shape[0]}, the limit is {settings.max_images_per_request} "
+            "(CAPSNET_MAX_IMAGES_PER_REQUEST)"
+        )
+    return tuple(shape)
+
+
+def input_array(
+    card: ModelCard, tensor: RequestInput, binary: bytes, offset: int, settings: Settings
+) -> tuple[np.ndarray, int]:
+    """The input tensor as float32 of its declared shape, and the binary offset after it."""
+    if tensor.datatype != card.input.datatype:
+        raise InvalidInput(
+            f"input {tensor.name!r} has datatype {tensor.datatype!r}; model {card.name!r} expects {card.input.datatype}"
+        )
+    shape = check_shape(card, tensor, settings)
+    count = math.prod(shape)
+    dtype = NUMPY_DATATYPES[card.input.datatype]
+    size = (tensor.parameters or {}).get("binary_data_size")
+    if size is not None:
+        if size != count * dtype.itemsize or offset + size > len(binary):
+            raise InvalidInput(
+                f"input {tensor.name!r}: binary_data_size {size} does not match shape {list(shape)} "
+                f"({count * dtype.itemsize} bytes) or the {len(binary) - offset} bytes left"
+            )
+        array = np.frombuffer(binary, dtype=dtype, count=count, offset=offset).astype(np.float32)
+        offset += size
+    else:
+        if tensor.data is None:
+            raise InvalidInput(f"input {tensor.name!r} has no data")
+        try:
+            array = np.asarray(tensor.data, dtype=np.float32)
+        except (ValueError, TypeError) as e:
+            raise InvalidInput(f"input {tensor.name!r}: data must be {tensor.datatype} numbers: {e}") from e
+        if array.size != count:
+            raise InvalidInput(f"input {tensor.name!r} has {array.size} values; shape {list(shape)} needs {count}")
+    if not np.isfinite(array).all():
+        raise InvalidInput(f"input {tensor.name!r} contains NaN or infinite values")
+    return array.reshape(shape), offset
+
+
+def wants_binary(request_parameters: dict[str, Any] | None, output_parameters: dict[str, Any] | None) -> bool:
+    if output_parameters and "binary_data" in output_parameters:
+        return bool(output_parameters["binary_data"])
+    return bool((request_parameters or {}).get("binary_data_output", False))
+
+
+def infer_response(card: ModelCard, req: InferenceRequest, outputs: dict[str, np.ndarray]) -> Response:
+    """The response JSON, with binary outputs appended after it where the client asked for them."""
+    requested = req.outputs or []
+    params = {o.name: o.parameters for o in requested}
+    names = [o.name for o in requested] if requested else [o.name for o in card.outputs]
+    tensors, chunks = [], []
+    for name in names:
+        array = np.ascontiguousarray(outputs[name], dtype=np.float32)
+        tensor: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": "FP32"}
+        if wants_binary(req.parameters, params.get(name)):
+            chunks.append(array.astype("<f4").tobytes())
+            tensor["parameters"] = {"binary_data_size": len(chunks[-1])}
+        else:
+            tensor["data"] = array.ravel().tolist()
+        tensors.append(tensor)
+    body: dict[str, Any] = {"model_name": card.name, "model_version": card.version}
+    if req.id is not None:
+        body["id"] = req.id
+    body["outputs"] = tensors
+    if not chunks:
+        return JSONResponse(body)
+    header = json.dumps(body, separators=(",", ":")).encode()
+    return Response(
+        header + b"".join(chunks),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+
+
+def check_request(card: ModelCard, req: InferenceRequest) -> None:
+    names = [t.name for t in req.inputs]
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"inputs {names} name a tensor more than once")
+    unknown = sorted(set(names) - {card.input.name})
+    if unknown:
+        raise InvalidInput(f"unknown input {unknown[0]!r}; model {card.name!r} expects [{card.input.name!r}]")
+    if card.input.name not in names:
+        raise InvalidInput(f"missing input {card.input.name!r} for model {card.name!r}")
+    known = [o.name for o in card.outputs]
+    for output in req.outputs or []:
+        if output.name not in known:
+            raise InvalidInput(f"unknown output {output.name!r}; model {card.name!r} has outputs {known}")
+
+
+async def infer(request: Request, model: ServedModel, settings: Settings) -> Response:
+    card = model.require_ready()
+    data, binary = await read_infer_body(request)
+    req = parse_model(InferenceRequest, data)
+    check_request(card, req)
+    images, end = input_array(card, req.inputs[0], binary, 0, settings)
+    if end != len(binary):
+        raise InvalidInput(f"{len(binary) - end} bytes of binary data are not claimed by any input")
+    outputs = await model.infer(images)
+    return infer_response(card, req, outputs)
+
+
+def add_model_routes(path: str, model_dep: Callable[..., ServedModel], suffix: str) -> None:
+    """Model ready, model metadata and inference under `path` (with or without `/versions/{model_version}`)."""
+    ModelDep = Annotated[ServedModel, Depends(model_dep)]
+
+    @router.get(f"{path}/ready", operation_id=f"model_ready{suffix}", responses=ERRORS, response_class=Response)
+    async def ready(model: ModelDep) -> Response:
+        """Model ready: 200 (true) or 400 (false), empty body."""
+        return Response(status_code=200 if model.ready else 400)
+
+    @router.get(path, operation_id=f"model_metadata{suffix}", responses=ERRORS)
+    async def metadata(model: ModelDep) -> ModelMetadata:
+        """Model metadata; `parameters.execution_provider` names the ONNX Runtime provider it runs on."""
+        return model_metadata(model)
+
+    @router.post(
+        f"{path}/infer",
+        operation_id=f"infer{suffix}",
+        response_model=InferenceResponse,
+        responses=ERRORS,
+        openapi_extra=INFER_BODY,
+    )
+    async def infer_route(request: Request, model: ModelDep, settings: SettingsDep) -> Response:
+        """Run the model on the `image` tensor (FP32, [N, 1, 28, 28], values in [0, 1]); `outputs` selects
+        the returned tensors (default: all); `id` is echoed."""
+        return await infer(request, model, settings)
+
+
+add_model_routes("/v2/models/{name}", latest_model, "")
+add_model_routes("/v2/models/{name}/versions/{model_version}", versioned_model, "_versioned")

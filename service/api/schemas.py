@@ -1,0 +1,284 @@
+"""Request and response bodies of the HTTP API, with the examples shown in the OpenAPI schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# A 28×28 PNG of a vertical white bar (a "1"), for the OpenAPI examples.
+EXAMPLE_PNG_B64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAABwAAAAcCAAAAABXZoBIAAAAHElEQVR42mNgGGSAEYX3H1WACZ/OUcnhJTnoAADIzgEk"
+    "QAMnJgAAAABJRU5ErkJggg=="
+)
+
+
+class ImageInput(BaseModel):
+    """One image: encoded file bytes in base64 (PNG, JPEG, GIF, BMP, WebP; a `data:` URL works too),
+    or a 28×28 array of floats in [0, 1] (white digit on black, already MNIST-like: used as is)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str | None = Field(default=None, description="base64 of an image file, or a data: URL")
+    array: list[list[float]] | None = Field(default=None, description="rows of pixel values in [0, 1]")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ImageInput:
+        if (self.data is None) == (self.array is None):
+            raise ValueError("give exactly one of 'data' (base64) or 'array'")
+        return self
+
+
+class ImagesRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"images": [{"data": EXAMPLE_PNG_B64}]}]},
+    )
+
+    images: list[ImageInput] = Field(min_length=1)
+
+
+class DecodeRequest(BaseModel):
+    """Caller-supplied (e.g. edited) poses for every class, decoded through the mask of one class."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={"examples": [{"poses": [[0.0] * 16 for _ in range(10)], "class": 7}]},
+    )
+
+    poses: list[Any] = Field(description="nested array of the model's poses for one image: (classes, *pose_shape)")
+    class_index: int | None = Field(default=None, alias="class", ge=0, description="class whose capsule is decoded")
+    mask: list[float] | None = Field(default=None, description="per-class weights instead of a one-hot `class`")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DecodeRequest:
+        if (self.class_index is None) == (self.mask is None):
+            raise ValueError("give exactly one of 'class' or 'mask'")
+        return self
+
+
+class TopK(BaseModel):
+    class_: int = Field(serialization_alias="class")
+    label: str
+    score: float
+    probability: float
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class InputInfo(BaseModel):
+    source: str = Field(description="file, base64 or array")
+    filename: str | None = None
+    inverted: bool = Field(description="whether the image was inverted to white-on-black")
+    normalized: bool = Field(description="whether MNIST normalization (20×20 box, centre of mass) was applied")
+    input: list[list[float]] | None = Field(default=None, description="the 28×28 array the model received")
+
+
+class Prediction(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    index: int
+    predicted_class: int
+    label: str
+    score_kind: str = Field(description="capsule_length (dynamic routing) or activation (EM)")
+    scores: list[float] = Field(description="per-class scores: capsule lengths, the paper's presence probabilities")
+    probabilities: list[float] = Field(description="scores / sum(scores): a distribution that sums to 1")
+    top_k: list[TopK]
+    preprocessing: InputInfo
+
+
+class ClassifyResponse(BaseModel):
+    model_config = ConfigDict(
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "capsnet-mnist",
+                    "model_version": "1",
+                    "predictions": [
+                        {
+                            "index": 0,
+                            "predicted_class": 7,
+                            "label": "7",
+                            "score_kind": "capsule_length",
+                            "scores": [0.01, 0.02, 0.03, 0.02, 0.01, 0.01, 0.0, 0.98, 0.02, 0.05],
+                            "probabilities": [0.01, 0.02, 0.026, 0.02, 0.01, 0.01, 0.0, 0.85, 0.02, 0.04],
+                            "top_k": [{"class": 7, "label": "7", "score": 0.98, "probability": 0.85}],
+                            "preprocessing": {
+                                "source": "file",
+                                "filename": "seven.png",
+                                "inverted": True,
+                                "normalized": True,
+                            },
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    model: str
+    model_version: str
+    predictions: list[Prediction]
+
+
+class CapsuleResult(Prediction):
+    poses: list[Any] = Field(description="every class's pose: (classes, *pose_shape)")
+    predicted_pose: list[Any] = Field(description="the predicted class's pose, poses[predicted_class]")
+
+
+class CapsulesResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model: str
+    model_version: str
+    pose_shape: list[int]
+    capsules: list[CapsuleResult]
+
+
+class Reconstruction(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    index: int
+    class_: int = Field(serialization_alias="class", description="the class whose capsule was decoded")
+    label: str
+    predicted_class: int
+    image: list[list[float]] = Field(description="the reconstruction, rows of values in [0, 1]")
+
+
+class ReconstructResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model: str
+    model_version: str
+    reconstructions: list[Reconstruction]
+
+
+class PerturbResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=(), populate_by_name=True)
+
+    model: str
+    model_version: str
+    class_: int = Field(serialization_alias="class")
+    label: str
+    predicted_class: int
+    deltas: list[float] = Field(description="the values added to one pose dimension (grid columns)")
+    pose: list[float] = Field(description="the class's pose, flattened (grid rows follow its dimensions)")
+    images: list[list[list[list[float]]]] = Field(description="(dimensions, deltas, height, width)")
+
+
+class DecodeResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model: str
+    model_version: str
+    image: list[list[float]]
+
+
+class ModelSummary(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    name: str
+    version: str | None
+    state: str
+    ready: bool
+    error: str | None
+    architecture: str | None
+    description: str | None
+    classes: list[str] | None
+    pose_shape: list[int] | None
+    has_decoder: bool
+    execution_provider: str | None
+
+
+class ModelList(BaseModel):
+    default_model: str | None
+    models: list[ModelSummary]
+
+
+class ModelDetail(ModelSummary):
+    card: dict[str, Any] | None = Field(description="the model's card (model.json) as exported")
+
+
+# Open Inference Protocol (KServe v2) bodies
+
+
+class MetadataTensor(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[MetadataTensor]
+    outputs: list[MetadataTensor]
+    parameters: dict[str, Any] | None = None
+
+
+class RequestInput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = Field(default=None, description="row-major, flat or nested; absent for binary data")
+
+
+class RequestOutput(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class InferenceRequest(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "42",
+                    "inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [0.0] * 784}],
+                    "outputs": [{"name": "lengths"}],
+                }
+            ]
+        }
+    )
+
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[RequestInput]
+    outputs: list[RequestOutput] | None = None
+
+
+class ResponseOutput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any]
+
+
+class InferenceResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    outputs: list[ResponseOutput]
+
+
+class ErrorV2(BaseModel):
+    error: str
+
+
+class ErrorV1(BaseModel):
+    error: str
+    type: str

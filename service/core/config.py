@@ -1,0 +1,90 @@
+"""Service settings: one pydantic-settings class, every field overridable by a `CAPSNET_` environment variable."""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_REPOSITORY = REPO_ROOT / "model" / "zoo"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> float | None:
+    """CPUs the container may use by its CFS quota (cgroup v2 `cpu.max`, else v1 `cfs_quota_us`); None if unlimited."""
+    v2 = root / "cpu.max"
+    if v2.is_file():
+        quota, _, period = v2.read_text().strip().partition(" ")
+        if quota != "max" and period:
+            return int(quota) / int(period)
+        return None
+    for v1 in (root / "cpu", root / "cpu,cpuacct", root):
+        quota_file, period_file = v1 / "cpu.cfs_quota_us", v1 / "cpu.cfs_period_us"
+        if quota_file.is_file() and period_file.is_file():
+            quota_us, period_us = int(quota_file.read_text()), int(period_file.read_text())
+            return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    return None
+
+
+def default_intra_op_threads(root: Path = CGROUP_ROOT) -> int:
+    """The CPU quota rounded up, capped by the CPUs this process may run on; never the host's core count alone."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    limit = cgroup_cpu_limit(root)
+    if limit is None:
+        return available
+    return max(1, min(available, math.ceil(limit)))
+
+
+class Settings(BaseSettings):
+    """Every setting is read from the environment as `CAPSNET_<NAME>` (e.g. `CAPSNET_MAX_BATCH_SIZE=64`)."""
+
+    model_config = SettingsConfigDict(env_prefix="CAPSNET_", protected_namespaces=("settings_",))
+
+    model_repository: Path = Field(
+        default=BUNDLED_REPOSITORY, description="Directory whose sub-directories are model directories."
+    )
+    default_model: str | None = Field(
+        default=None,
+        description="Model served by /v1/classify etc.; unset: the ready model with the lowest test error on its card.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address `capsnet-serve` binds to.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port `capsnet-serve` listens on.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = Field(default=False, description="Log one line per request (the metrics count them anyway).")
+
+    provider: Literal["auto", "cuda", "cpu"] = Field(
+        default="auto", description="ONNX Runtime execution provider; auto = CUDA where a GPU is visible, else CPU."
+    )
+    intra_op_threads: int = Field(
+        default_factory=default_intra_op_threads,
+        ge=1,
+        description="ONNX Runtime intra-op threads; default: the container's CPU quota (cgroup), not the host's cores.",
+    )
+    warmup_runs: int = Field(default=2, ge=0, description="Warm-up inferences per batch shape before ready.")
+
+    max_batch_size: int = Field(default=32, ge=1, description="Most images in one ONNX Runtime run.")
+    max_queue_delay_ms: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Extra time a batch waits for more requests once the model is free; 0 = run what is queued.",
+    )
+    max_queue_size: int = Field(default=256, ge=1, description="Requests waiting per model before 503s.")
+    request_timeout_s: float = Field(default=30.0, gt=0.0, description="Per-request inference deadline (504 after).")
+    shutdown_timeout_s: float = Field(default=25.0, ge=0.0, description="How long shutdown waits for requests.")
+
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="Largest request body (413 above).")
+    max_images_per_request: int = Field(default=64, ge=1, description="Most images (or batch rows) per request.")
+    max_image_pixels: int = Field(
+        default=20_000_000, ge=1, description="Largest decoded image (width × height), checked before decoding."
+    )
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,135 @@
+"""The service's errors and the one place that turns them into HTTP responses.
+
+v2 (Open Inference Protocol) routes answer `{"error": "<message>"}` exactly, as the protocol says; every
+other route answers `{"error": "<message>", "type": "<error type>"}`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+V2_PREFIX = "/v2"
+
+
+class ServiceError(Exception):
+    """Base class: `status` is the HTTP status, `type` a stable machine-readable name, str(self) the message."""
+
+    status: int = 500
+    type: str = "internal_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class InvalidInput(ServiceError):
+    status, type = 400, "invalid_input"
+
+
+class ModelNotFound(ServiceError):
+    status, type = 404, "model_not_found"
+
+
+class ModelCapabilityError(ServiceError):
+    """The model cannot do what was asked (e.g. reconstruct without a decoder)."""
+
+    status, type = 409, "model_capability"
+
+
+class PayloadTooLarge(ServiceError):
+    status, type = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status, type = 415, "unsupported_media_type"
+
+
+class ServiceUnavailable(ServiceError):
+    """Base for 503s: they carry `Retry-After` (seconds)."""
+
+    status, type = 503, "unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ModelNotReady(ServiceUnavailable):
+    type = "model_not_ready"
+
+
+class Overloaded(ServiceUnavailable):
+    type = "overloaded"
+
+
+class ShuttingDown(ServiceUnavailable):
+    type = "shutting_down"
+
+
+class InferenceTimeout(ServiceError):
+    status, type = 504, "timeout"
+
+
+def error_body(path: str, message: str, error_type: str) -> dict[str, Any]:
+    if path == V2_PREFIX or path.startswith(V2_PREFIX + "/"):
+        return {"error": message}
+    return {"error": message, "type": error_type}
+
+
+def error_response(
+    request: Request, status: int, message: str, error_type: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(request.url.path, message, error_type), status_code=status, headers=headers)
+
+
+def describe_validation_error(exc: RequestValidationError) -> str:
+    """One line per problem, e.g. "query parameter 'top_k': Input should be greater than or equal to 1"."""
+    parts = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        where = {"query": "query parameter", "path": "path parameter", "body": "body field", "header": "header"}.get(
+            loc[0] if loc else "", "input"
+        )
+        name = ".".join(loc[1:]) if len(loc) > 1 else ""
+        parts.append(f"{where} '{name}': {err.get('msg')}" if name else f"{where}: {err.get('msg')}")
+    return "; ".join(parts) or "invalid request"
+
+
+HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every error to JSON in one place; nothing reaches the client as an HTML page or a bare 500."""
+
+    async def service_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ServiceError)
+        if exc.status >= 500:
+            logger.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+        return error_response(request, exc.status, exc.message, exc.type, exc.headers)
+
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(request, 400, describe_validation_error(exc), "invalid_input")
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        message = str(exc.detail) if exc.status_code != 404 else f"no route {request.method} {request.url.path}"
+        error_type = HTTP_TYPES.get(exc.status_code, "http_error")
+        return error_response(request, exc.status_code, message, error_type, dict(exc.headers or {}))
+
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(request, 500, "internal server error", "internal_error")
+
+    app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected_error)

@@ -1,0 +1,60 @@
+"""Prometheus metrics, kept in a registry per app so that several apps (tests) never share counters."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class Metrics:
+    """Every metric the service exports under `/metrics`; `graph` is `capsnet` (image -> outputs) or `decoder`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "capsnet_http_requests",
+            "HTTP requests by route template, method and status.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "capsnet_http_request_duration_seconds",
+            "Time from request start to response end, by route template.",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "capsnet_queue_seconds",
+            "Time a request waited for its batch to start.",
+            ["model", "graph"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute_time = Histogram(
+            "capsnet_compute_seconds",
+            "ONNX Runtime run time per batch.",
+            ["model", "graph"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "capsnet_batch_size",
+            "Rows (images) per ONNX Runtime run.",
+            ["model", "graph"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("capsnet_queue_depth", "Requests waiting for a batch.", ["model", "graph"], registry=r)
+        self.inferences = Counter("capsnet_inferences", "Rows (images) inferred.", ["model", "graph"], registry=r)
+        self.models_loaded = Gauge("capsnet_models_loaded", "Models loaded, warmed up and ready.", registry=r)
+        self.model_ready = Gauge("capsnet_model_ready", "1 when the model is ready, else 0.", ["model"], registry=r)
+        self.provider = Gauge(
+            "capsnet_execution_provider_info",
+            "The ONNX Runtime execution provider each model runs on (value 1).",
+            ["model", "provider"],
+            registry=r,
+        )

@@ -1,0 +1,163 @@
+"""The FastAPI app (`create_app`) and the `capsnet-serve` command (`main`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.staticfiles import StaticFiles
+from pydantic.json_schema import models_json_schema
+
+from service.api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.api.routes import explorer, health, inference, metrics, models, v2
+from service.api.schemas import DecodeRequest, ImagesRequest, InferenceRequest
+from service.core.config import Settings
+from service.core.errors import install_error_handlers
+from service.core.metrics import Metrics
+from service.runtime.registry import ModelRegistry
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """Capsule Networks (Sabour et al. 2017; Hinton et al. 2018) served with ONNX Runtime.
+
+* **v1** — application API: classify, capsule poses, reconstructions, the pose-perturbation figure, and
+  decoding of edited poses. Images as multipart files or JSON (base64 or raw 28×28 arrays).
+* **v2** — the Open Inference Protocol (KServe v2) REST API, for stock clients.
+* Errors are JSON: `{"error": "...", "type": "..."}` under v1, `{"error": "..."}` under v2.
+"""
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Load the models in the background (readiness stays false until warm-up is over); drain them at shutdown."""
+    registry: ModelRegistry = app.state.registry
+    loading = asyncio.create_task(registry.start(), name="load-models")
+    loading.add_done_callback(_log_failure)
+    try:
+        yield
+    finally:
+        if not loading.done():
+            await asyncio.wait([loading])
+        await registry.close()
+        logger.info("shut down: queued requests finished")
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("loading the models failed", exc_info=task.exception())
+
+
+def openapi_with_bodies(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """The OpenAPI schema, plus the JSON bodies that routes parse themselves (for multipart/JSON choice)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        _, defs = models_json_schema(
+            [(m, "validation") for m in (ImagesRequest, DecodeRequest, InferenceRequest)],
+            ref_template="#/components/schemas/{model}",
+        )
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+        app.openapi_schema = schema
+        return schema
+
+    return openapi
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The app; the models load when its lifespan starts."""
+    settings = settings or Settings()
+    app = FastAPI(title="capsnet-serve", version=v2.server_version(), description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.state.registry = ModelRegistry(settings, app.state.metrics)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    for module in (models, inference, v2, health, metrics, explorer):
+        app.include_router(module.router)
+    if explorer.STATIC_DIR.is_dir():
+        app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")
+    app.openapi = openapi_with_bodies(app)  # type: ignore[method-assign]
+    return app
+
+
+async def _load_only(settings: Settings) -> dict[str, Any]:
+    registry = ModelRegistry(settings, Metrics())
+    await registry.start()
+    await registry.close()
+    return {
+        "ready": registry.all_ready,
+        "default_model": registry.default_name,
+        "models": {
+            n: {"state": m.state.value, "provider": m.provider, "error": m.error} for n, m in registry.models.items()
+        },
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="capsnet-serve",
+        description="Serve every model of a model repository over HTTP (v1 API, Open Inference Protocol v2).",
+        epilog="Every setting can also be given as a CAPSNET_* environment variable (see docs/service.md); "
+        "options given here win.",
+    )
+    parser.add_argument("--host", help="address to bind (default: CAPSNET_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: CAPSNET_PORT or 8000)")
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        help="directory of model directories (default: CAPSNET_MODEL_REPOSITORY or the bundled model/zoo)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="log level (default: CAPSNET_LOG_LEVEL or info)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="load and warm up every model, print their state as JSON and exit (1 if any failed) (default: off)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "model_repository": args.model_repository,
+        "log_level": args.log_level,
+    }
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not settings.model_repository.is_dir():
+        sys.exit(f"capsnet-serve: model repository {settings.model_repository} is not a directory")
+    if args.dry_run:
+        report = asyncio.run(_load_only(settings))
+        print(json.dumps(report, indent=2))
+        sys.exit(0 if report["ready"] else 1)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
+    )
+
+
+if __name__ == "__main__":
+    main()

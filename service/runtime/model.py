@@ -1,0 +1,173 @@
+"""One served model: its card, its ONNX Runtime sessions and batchers, and its state."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from service.core.errors import ModelCapabilityError, ModelNotReady
+from service.core.metrics import Metrics
+from service.runtime.batcher import BatchingPolicy, DynamicBatcher, RunFn, Tensors
+from service.runtime.card import GRAPH_FILE, ModelCard
+from service.runtime.repository import ModelDirectory
+from service.runtime.sessions import active_provider, create_session
+
+logger = logging.getLogger(__name__)
+
+
+class ModelState(str, enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    provider: str
+    intra_op_threads: int
+    warmup_runs: int
+    policy: BatchingPolicy
+
+
+def _runner(session: ort.InferenceSession, output_names: list[str]) -> RunFn:
+    def run(inputs: Tensors) -> Tensors:
+        return dict(zip(output_names, session.run(output_names, inputs), strict=True))
+
+    return run
+
+
+class ServedModel:
+    """Loaded in a worker thread by `load`, then driven from the event loop by `start`, `infer` and `decode`."""
+
+    def __init__(self, directory: ModelDirectory, metrics: Metrics) -> None:
+        self.name = directory.name
+        self.path: Path = directory.path
+        self.card: ModelCard | None = directory.card
+        self.raw_card = directory.raw_card
+        self.error: str | None = directory.error
+        self.state = ModelState.FAILED if directory.error else ModelState.LOADING
+        self.provider: str | None = None
+        self.load_seconds: float | None = None
+        self._metrics = metrics
+        self._runners: dict[str, RunFn] = {}
+        self._batchers: dict[str, DynamicBatcher] = {}
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ModelState.READY
+
+    @property
+    def has_decoder(self) -> bool:
+        return self.card is not None and self.card.decoder is not None
+
+    def load(self, options: RuntimeOptions, executor: Executor) -> None:
+        """Create the sessions, check them against the card and warm them up (blocking; run in a thread)."""
+        if self.card is None:
+            return
+        card = self.card
+        start = time.perf_counter()
+        try:
+            graph = create_session(self.path / GRAPH_FILE, options.provider, options.intra_op_threads)
+            outputs = [o.name for o in card.outputs]
+            self._check_graph(graph, [card.input.name], outputs, GRAPH_FILE)
+            self._runners["capsnet"] = _runner(graph, outputs)
+            if card.decoder is not None:
+                decoder = create_session(self.path / card.decoder.file, options.provider, options.intra_op_threads)
+                self._check_graph(
+                    decoder, [i.name for i in card.decoder.inputs], [card.decoder.output.name], card.decoder.file
+                )
+                self._runners["decoder"] = _runner(decoder, [card.decoder.output.name])
+            self.provider = active_provider(graph)
+            self._batchers = {
+                graph_name: DynamicBatcher(self.name, graph_name, run, options.policy, executor, self._metrics)
+                for graph_name, run in self._runners.items()
+            }
+            self._warm_up(options.warmup_runs, options.policy.max_batch_size)
+        except Exception as e:
+            self.fail(f"cannot load: {e}")
+            logger.exception("model %s failed to load", self.name)
+            return
+        self.load_seconds = time.perf_counter() - start
+        logger.info(
+            "model %s loaded on %s (%d intra-op threads) in %.2f s; decoder: %s",
+            self.name,
+            self.provider,
+            options.intra_op_threads,
+            self.load_seconds,
+            "yes" if card.decoder else "no",
+        )
+
+    def fail(self, error: str) -> None:
+        self.state, self.error = ModelState.FAILED, error
+
+    @staticmethod
+    def _check_graph(session: ort.InferenceSession, inputs: list[str], outputs: list[str], filename: str) -> None:
+        have_in = {i.name for i in session.get_inputs()}
+        have_out = {o.name for o in session.get_outputs()}
+        if set(inputs) != have_in:
+            raise ValueError(f"{filename} inputs {sorted(have_in)} do not match the card's {sorted(inputs)}")
+        if missing := set(outputs) - have_out:
+            raise ValueError(f"{filename} lacks the card's outputs {sorted(missing)} (has {sorted(have_out)})")
+
+    def _warm_up(self, runs: int, max_batch: int) -> None:
+        """Run each graph at batch 1 and at the largest batch so the first requests pay no allocation cost."""
+        card = self.card
+        assert card is not None
+        for batch in sorted({1, max_batch}):
+            for _ in range(runs):
+                images = np.zeros((batch, *card.image_shape), np.float32)
+                outputs = self._runners["capsnet"]({card.input.name: images})
+                if "decoder" in self._runners:
+                    poses = outputs[card.output_for("poses").name]
+                    mask = np.zeros((batch, len(card.classes)), np.float32)
+                    mask[:, 0] = 1.0
+                    self._runners["decoder"]({"poses": poses, "mask": mask})
+
+    def start(self) -> None:
+        """Start the batch workers on the running event loop and mark the model ready."""
+        if self.state is not ModelState.LOADING:
+            return
+        for batcher in self._batchers.values():
+            batcher.start()
+        self.state = ModelState.READY
+
+    async def close(self) -> None:
+        for batcher in self._batchers.values():
+            await batcher.close()
+
+    def require_ready(self) -> ModelCard:
+        if self.state is ModelState.LOADING:
+            raise ModelNotReady(f"model {self.name!r} is still loading", retry_after_s=5)
+        if self.state is ModelState.FAILED or self.card is None:
+            raise ModelNotReady(f"model {self.name!r} is not available: {self.error}", retry_after_s=30)
+        return self.card
+
+    async def infer(self, images: np.ndarray) -> Tensors:
+        """Images (N, *image_shape) float32 -> every output on the card, keyed by name, batch-major."""
+        card = self.require_ready()
+        return await self._batchers["capsnet"].submit({card.input.name: images})
+
+    def require_decoder(self) -> ModelCard:
+        card = self.require_ready()
+        if card.decoder is None:
+            raise ModelCapabilityError(
+                f"model {self.name!r} has no decoder, so it cannot reconstruct images (its card's decoder is null)"
+            )
+        return card
+
+    async def decode(self, poses: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Poses (N, K, *pose_shape) and mask (N, K) -> reconstruction (N, *image_shape)."""
+        card = self.require_decoder()
+        assert card.decoder is not None
+        out = await self._batchers["decoder"].submit({"poses": poses, "mask": mask})
+        return out[card.decoder.output.name]
+
+    def queue_depth(self) -> dict[str, int]:
+        return {graph: b.depth for graph, b in self._batchers.items()}
