@@ -90,9 +90,7 @@ class DigitCaps(nn.Module):
         super().__init__()
         self.cfg = cfg
         # (N_in, N_out, D_out, D_in): a separate 8x16 matrix for every (primary capsule, class) pair
-        self.weight = nn.Parameter(
-            0.01 * torch.randn(cfg.num_primary, cfg.num_classes, cfg.digit_dim, cfg.primary_dim)
-        )
+        self.weight = nn.Parameter(0.01 * torch.randn(cfg.num_primary, cfg.num_classes, cfg.digit_dim, cfg.primary_dim))
 
     def forward(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         u_hat = torch.einsum("ijdk,bik->bijd", self.weight, u)  # (B, N_in, N_out, D_out)

@@ -35,7 +35,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return state
 
 
-def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu") -> tuple[nn.Module, Architecture, dict[str, Any]]:
+def load_model(
+    path: str | os.PathLike[str], device: torch.device | str = "cpu"
+) -> tuple[nn.Module, Architecture, dict[str, Any]]:
     """Rebuild the model of a checkpoint in eval mode; also returns its architecture and the state."""
     state = load_checkpoint(path)
     arch = get_architecture(state["arch"])

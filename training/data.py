@@ -84,7 +84,7 @@ def parse_idx(data: bytes, path: Path, magic: int, item_shape: tuple[int, ...]) 
     if len(data) != expected:
         kind = "truncated" if len(data) < expected else "has trailing bytes"
         raise IDXError(f"{path}: {kind}: {len(data)} bytes, expected {expected} for {dims[0]} items")
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims).copy()
 
 
 def load_split(data_dir: str | os.PathLike[str] | None, split: str) -> MNISTSplit:

@@ -6,9 +6,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -84,14 +82,16 @@ def evaluate_torch(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="capsnet-evaluate",
-        description="Evaluate a checkpoint or an exported model directory on the MNIST test set; prints one JSON object.",
+        description="Evaluate a checkpoint or an exported model directory on MNIST test; prints one JSON object.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="a training checkpoint (.pt) (needs torch)")
     source.add_argument("--model", help="an exported model directory (ONNX Runtime only, no torch)")
     parser.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
     parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device for --checkpoint (default: auto)")
+    parser.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="device for --checkpoint (default: auto)"
+    )
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N test images (default: all)")
     args = parser.parse_args(argv)
     from training.data import IDXError, load_split

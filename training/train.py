@@ -104,7 +104,12 @@ def model_config_for(cfg: TrainConfig) -> dict[str, Any]:
 def epoch_batches(n: int, cfg: TrainConfig, epoch: int, info: DistInfo) -> list[torch.Tensor]:
     """This rank's shuffled index batches for `epoch` (a DistributedSampler, seeded by seed and epoch)."""
     sampler: DistributedSampler[int] = DistributedSampler(
-        range(n), num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed, drop_last=False
+        range(n),  # type: ignore[arg-type]  # any sized sequence works
+        num_replicas=info.world_size,
+        rank=info.rank,
+        shuffle=True,
+        seed=cfg.seed,
+        drop_last=False,
     )
     sampler.set_epoch(epoch)
     idx = torch.tensor(list(sampler), dtype=torch.long)
@@ -135,7 +140,9 @@ def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
 class Trainer:
     """Owns the model, optimizer and data for one run; `fit` trains to `cfg.epochs`."""
 
-    def __init__(self, cfg: TrainConfig, data_dir: str | None, out_dir: str | os.PathLike[str] | None, resume: str | None = None) -> None:
+    def __init__(
+        self, cfg: TrainConfig, data_dir: str | None, out_dir: str | os.PathLike[str] | None, resume: str | None = None
+    ) -> None:
         self.cfg = cfg
         self.out = Path(out_dir) if out_dir is not None else None
         self.info = init_distributed(cfg.device)
@@ -208,7 +215,13 @@ class Trainer:
         sums: dict[str, float] = {}
         correct = seen = 0
         total_steps = max(cfg.epochs * len(batches), 1)
-        bar = tqdm(batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not self.info.is_main, mininterval=2.0, file=sys.stderr)
+        bar = tqdm(
+            batches,
+            desc=f"epoch {epoch + 1}/{cfg.epochs}",
+            disable=not self.info.is_main,
+            mininterval=2.0,
+            file=sys.stderr,
+        )
         for step, idx in enumerate(bar):
             images = random_shift(to_float_t(self.train_images[idx]), cfg.max_shift, gen).to(self.device)
             labels = self.train_labels[idx].to(self.device)
@@ -226,7 +239,22 @@ class Trainer:
                 sums[key] = sums.get(key, 0.0) + float(value.detach()) * n
             bar.set_postfix(loss=f"{sums['train_loss'] / seen:.4f}", acc=f"{correct / seen:.4f}")
         self.scheduler.step()
-        return {**{k: v / max(seen, 1) for k, v in sums.items()}, "train_accuracy": correct / max(seen, 1), "train_images": seen}
+        sums, correct, seen = self._all_ranks(sums, correct, seen)
+        return {
+            **{k: v / max(seen, 1) for k, v in sums.items()},
+            "train_accuracy": correct / max(seen, 1),
+            "train_images": seen,
+        }
+
+    def _all_ranks(self, sums: dict[str, float], correct: int, seen: int) -> tuple[dict[str, float], int, int]:
+        """Sum the epoch's statistics over all processes (identity without DDP)."""
+        if self.info.world_size == 1:
+            return sums, correct, seen
+        keys = sorted(sums)
+        t = torch.tensor([sums[k] for k in keys] + [correct, seen], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        values = t.tolist()
+        return dict(zip(keys, values[: len(keys)], strict=True)), int(values[-2]), int(values[-1])
 
     def fit(self) -> list[dict[str, Any]]:
         while self.epoch < self.cfg.epochs:
@@ -235,7 +263,9 @@ class Trainer:
             stats = self.train_epoch()
             seconds = time.perf_counter() - start
             max_batches = 1 if self.cfg.dry_run else None
-            result = evaluate_torch(self.model, self.arch, self.test_split, self.device, self.cfg.eval_batch_size, max_batches)
+            result = evaluate_torch(
+                self.model, self.arch, self.test_split, self.device, self.cfg.eval_batch_size, max_batches
+            )
             self.epoch += 1
             row = {
                 "epoch": self.epoch,
@@ -245,7 +275,7 @@ class Trainer:
                 "test_n": result.n,
                 "lr": lr,
                 "seconds": round(seconds, 2),
-                "images_per_second": round(stats["train_images"] * self.info.world_size / seconds, 1),
+                "images_per_second": round(stats["train_images"] / seconds, 1),
             }
             log.info("epoch %d: %s", self.epoch, json.dumps(row))
             if self.cfg.dry_run:
@@ -277,23 +307,47 @@ def to_float_t(images: torch.Tensor) -> torch.Tensor:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="capsnet-train", description="Train a capsule network on MNIST.")
-    p.add_argument("--data-dir", default=None, help="directory with the MNIST IDX files, .gz or raw (default: $CAPSNET_DATA_DIR)")
-    p.add_argument("--out", default="runs/capsnet", help="output directory for checkpoints, metrics.jsonl and the curve (default: runs/capsnet)")
-    p.add_argument("--arch", default="dynamic", choices=["dynamic", "em"], help="dynamic routing (Sabour 2017) or EM routing (Hinton 2018) (default: dynamic)")
-    p.add_argument("--preset", default="paper", choices=["paper", "tiny"], help="model size: the paper's, or tiny for smoke tests (default: paper)")
-    p.add_argument("--routing", default=None, choices=["sabour", "normalized"], help="dynamic-routing variant (default: sabour)")
+    p.add_argument(
+        "--data-dir", default=None, help="directory with the MNIST IDX files, .gz or raw (default: $CAPSNET_DATA_DIR)"
+    )
+    p.add_argument(
+        "--out",
+        default="runs/capsnet",
+        help="output directory for checkpoints, metrics.jsonl and the curve (default: runs/capsnet)",
+    )
+    p.add_argument(
+        "--arch",
+        default="dynamic",
+        choices=["dynamic", "em"],
+        help="dynamic routing (Sabour 2017) or EM routing (Hinton 2018) (default: dynamic)",
+    )
+    p.add_argument(
+        "--preset",
+        default="paper",
+        choices=["paper", "tiny"],
+        help="model size: the paper's, or tiny for smoke tests (default: paper)",
+    )
+    p.add_argument(
+        "--routing", default=None, choices=["sabour", "normalized"], help="dynamic-routing variant (default: sabour)"
+    )
     p.add_argument("--routing-iterations", type=int, default=None, help="routing iterations (default: 3)")
     p.add_argument("--epochs", type=int, default=30, help="total epochs to train to (default: 30)")
     p.add_argument("--batch-size", type=int, default=128, help="batch size per process (default: 128)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 0.001)")
-    p.add_argument("--lr-decay", type=float, default=0.96, help="exponential learning-rate decay per epoch (default: 0.96)")
+    p.add_argument(
+        "--lr-decay", type=float, default=0.96, help="exponential learning-rate decay per epoch (default: 0.96)"
+    )
     p.add_argument("--max-shift", type=int, default=2, help="random shift augmentation in pixels (default: 2)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
     p.add_argument("--amp", action="store_true", help="bfloat16 mixed precision on CUDA (default: off)")
     p.add_argument("--resume", default=None, metavar="CKPT", help="resume from a checkpoint (default: start fresh)")
     p.add_argument("--train-subset", type=int, default=None, help="train on the first N images only (default: all)")
-    p.add_argument("--test-subset", type=int, default=None, help="evaluate on the first N test images only (default: all)")
-    p.add_argument("--dry-run", action="store_true", help="run one training and one evaluation batch, write nothing, exit")
+    p.add_argument(
+        "--test-subset", type=int, default=None, help="evaluate on the first N test images only (default: all)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="run one training and one evaluation batch, write nothing, exit"
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     return p
 
@@ -316,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    if history:
+    if history and trainer.info.is_main:
         print(json.dumps(history[-1]))
     return 0
 

@@ -1,0 +1,130 @@
+"""The train loop: dry run, metrics and checkpoints, exact resume, two-process DDP, evaluation CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO_ROOT
+from training import evaluate, train
+from training.train import TrainConfig, Trainer
+
+TINY = dict(preset="tiny", batch_size=16, eval_batch_size=32, device="cpu", seed=1)
+
+
+def test_fit_writes_metrics_curve_and_checkpoints(synthetic_mnist: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    history = Trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), out).fit()  # type: ignore[arg-type]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2] and rows == history
+    for key in (
+        "train_loss",
+        "margin_loss",
+        "reconstruction_loss",
+        "train_accuracy",
+        "test_error",
+        "lr",
+        "seconds",
+        "images_per_second",
+    ):
+        assert key in rows[0], key
+    assert rows[1]["lr"] == pytest.approx(rows[0]["lr"] * 0.96)
+    assert (out / "training_curve.png").stat().st_size > 1000
+    state = torch.load(out / "last.pt", weights_only=False)
+    assert state["epoch"] == 2 and state["arch"] == "dynamic" and "optimizer" in state and "torch_rng" in state
+    assert (out / "best.pt").exists()
+
+
+def test_resume_reproduces_the_uninterrupted_run(synthetic_mnist: Path, tmp_path: Path) -> None:
+    full = Trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "full").fit()  # type: ignore[arg-type]
+    Trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "part").fit()  # type: ignore[arg-type]
+    resumed = Trainer(
+        TrainConfig(epochs=2, **TINY),  # type: ignore[arg-type]
+        str(synthetic_mnist),
+        tmp_path / "part",
+        resume=str(tmp_path / "part" / "last.pt"),
+    ).fit()
+    assert len(resumed) == 2
+    for key in ("train_loss", "train_accuracy", "test_loss", "test_error"):
+        assert resumed[1][key] == pytest.approx(full[1][key], abs=1e-6), key
+
+
+def test_resume_refuses_a_different_model(synthetic_mnist: Path, tmp_path: Path) -> None:
+    Trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "a").fit()  # type: ignore[arg-type]
+    cfg = TrainConfig(epochs=2, routing="normalized", **TINY)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="different architecture or model config"):
+        Trainer(cfg, str(synthetic_mnist), tmp_path / "a", resume=str(tmp_path / "a" / "last.pt"))
+
+
+def test_cli_dry_run_on_synthetic_data_writes_nothing(
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "dry"
+    code = train.main(["--data-dir", str(synthetic_mnist), "--out", str(out), "--preset", "tiny", "--dry-run"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["epoch"] == 1
+    assert not out.exists()
+
+
+def test_cli_reports_a_missing_data_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert train.main(["--data-dir", str(tmp_path / "none"), "--dry-run"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.mnist
+@pytest.mark.slow
+def test_cli_dry_run_on_real_mnist(real_mnist: Path) -> None:
+    """The paper configuration on the official files: one training and one evaluation batch."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.train", "--data-dir", str(real_mnist), "--dry-run", "--batch-size", "16"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["test_n"] == 500
+
+
+@pytest.mark.slow
+def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "training.train", "--data-dir", str(synthetic_mnist), "--out", str(out),
+         "--preset", "tiny", "--epochs", "1", "--batch-size", "8", "--device", "cpu"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1  # only rank 0 writes
+    row = json.loads(rows[0])
+    assert row["epoch"] == 1
+    assert len(proc.stdout.strip().splitlines()) == 1  # only rank 0 prints the result
+    state = torch.load(out / "last.pt", weights_only=False)
+    assert not any(k.startswith("module.") for k in state["model"])  # saved unwrapped, reloadable alone
+
+
+def test_evaluate_cli_on_a_checkpoint(
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "r").fit()  # type: ignore[arg-type]
+    code = evaluate.main(["--checkpoint", str(tmp_path / "r" / "last.pt"), "--data-dir", str(synthetic_mnist)])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n"] == 32 and 0.0 <= result["test_error"] <= 1.0
+    assert sum(map(sum, result["confusion_matrix"])) == 32
+    assert set(result["per_class_error"]) == {str(k) for k in range(10)}
+
+
+def test_evaluate_cli_errors_cleanly(synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert evaluate.main(["--checkpoint", str(tmp_path / "missing.pt"), "--data-dir", str(synthetic_mnist)]) == 2
+    assert "not found" in capsys.readouterr().err
+    bogus = tmp_path / "bogus.pt"
+    torch.save({"hello": 1}, bogus)
+    assert evaluate.main(["--checkpoint", str(bogus), "--data-dir", str(synthetic_mnist)]) == 2
+    assert "not a capsnet-serve checkpoint" in capsys.readouterr().err
