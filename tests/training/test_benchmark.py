@@ -1,0 +1,18 @@
+"""The training benchmark script runs and prints its figures (speed itself is never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training import benchmark
+
+
+def test_benchmark_prints_machine_and_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--preset", "tiny", "--device", "cpu", "--batch-size", "4", "--train-steps", "1", "--seconds", "0.05"]
+    assert benchmark.main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["machine"]["device"] == "cpu"
+    for key in ("train_images_per_s_batch4", "infer_images_per_s_batch1", "infer_images_per_s_batch128"):
+        assert result[key] > 0, key
