@@ -1,0 +1,134 @@
+"""ONNX-only evaluation of a model directory: no torch, the card's scores output, refusal of altered files.
+
+The model directory here is built by hand with onnx.helper (no torch): a linear classifier that reads
+the synthetic digits' bar position, with EM-style output names, so only the card says which output scores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import REPO_ROOT
+from training import evaluate
+from training.data import load_split
+from training.onnx_eval import ModelDirError, check_model_dir, evaluate_model_dir
+
+EVAL_KEYS = {"test_error", "test_accuracy", "n", "errors", "per_class_error", "confusion_matrix"}
+
+
+def bar_classifier() -> onnx.ModelProto:
+    """image (N, 1, 28, 28) -> activations (N, 10) = brightness of rows 4+2k..5+2k (the synthetic digits' bar),
+    and decoy (N, 10) = -activations."""
+    weight = np.zeros((28, 28, 10), dtype=np.float32)
+    for k in range(10):
+        weight[4 + 2 * k : 6 + 2 * k, 6:22, k] = 1.0
+    nodes = [
+        helper.make_node("Flatten", ["image"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "weight"], ["activations"]),
+        helper.make_node("Neg", ["activations"], ["decoy"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bar-classifier",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, 28, 28])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 10]) for n in ("activations", "decoy")],
+        [numpy_helper.from_array(weight.reshape(784, 10), "weight")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def write_model_dir(root: Path, scores_output: str = "activations") -> Path:
+    root.mkdir(parents=True)
+    data = bar_classifier().SerializeToString()
+    (root / "capsnet.onnx").write_bytes(data)
+    card: dict[str, Any] = {
+        "format_version": 1,
+        "name": root.name,
+        "input": {"name": "image", "shape": [-1, 1, 28, 28], "datatype": "FP32"},
+        "classes": [str(k) for k in range(10)],
+        "scores": {"output": scores_output, "kind": "activation"},
+        "decoder": None,
+        "files": {"capsnet.onnx": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}},
+    }
+    (root / "model.json").write_text(json.dumps(card))
+    return root
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    return write_model_dir(tmp_path / "bars")
+
+
+def test_evaluates_with_the_scores_output_named_by_the_card(model_dir: Path, synthetic_mnist: Path) -> None:
+    result = evaluate_model_dir(model_dir, load_split(synthetic_mnist, "test"), batch_size=5)
+    assert set(result) == EVAL_KEYS | {"model", "evaluated_with", "source"}
+    assert result["model"] == "bars" and result["evaluated_with"] == "onnxruntime"
+    assert result["n"] == 32 and result["errors"] == 0 and result["test_error"] == 0.0
+    assert np.trace(np.array(result["confusion_matrix"])) == 32
+
+
+def test_the_card_not_the_output_order_chooses_the_scores(tmp_path: Path, synthetic_mnist: Path) -> None:
+    decoy = write_model_dir(tmp_path / "decoy", scores_output="decoy")
+    result = evaluate_model_dir(decoy, load_split(synthetic_mnist, "test"))
+    assert result["test_error"] > 0.5
+
+
+def test_a_corrupted_model_is_refused(model_dir: Path, synthetic_mnist: Path) -> None:
+    data = bytearray((model_dir / "capsnet.onnx").read_bytes())
+    data[-1] ^= 0x01
+    (model_dir / "capsnet.onnx").write_bytes(bytes(data))
+    with pytest.raises(ModelDirError, match=r"capsnet\.onnx: sha256 mismatch .* re-export it with capsnet-export"):
+        evaluate_model_dir(model_dir, load_split(synthetic_mnist, "test"))
+
+
+@pytest.mark.parametrize(
+    ("card", "message"),
+    [
+        ("{not json", r"model\.json: cannot be read as JSON"),
+        (json.dumps({"format_version": 2}), r"model\.json: card format_version 2, expected 1"),
+        (json.dumps({"format_version": 1, "files": {}}), r"card lists no entry for capsnet\.onnx"),
+    ],
+)
+def test_a_malformed_card_is_refused(model_dir: Path, card: str, message: str) -> None:
+    (model_dir / "model.json").write_text(card)
+    with pytest.raises(ModelDirError, match=message):
+        check_model_dir(model_dir)
+
+
+def test_capsnet_evaluate_model_prints_the_json_and_exits_2_on_a_broken_directory(
+    model_dir: Path, synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert evaluate.main(["--model", str(model_dir), "--data-dir", str(synthetic_mnist), "--limit", "10"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"] == "bars" and result["n"] == 10 and result["test_error"] == 0.0
+    assert evaluate.main(["--model", str(tmp_path), "--data-dir", str(synthetic_mnist)]) == 2
+    assert "model.json: card not found" in capsys.readouterr().err
+
+
+def test_onnx_evaluation_never_imports_torch(model_dir: Path, synthetic_mnist: Path) -> None:
+    code = (
+        "import sys, json\n"
+        "import training.onnx_eval\n"
+        "from training.evaluate import main\n"
+        f"assert main(['--model', {str(model_dir)!r}, '--data-dir', {str(synthetic_mnist)!r}]) == 0\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert json.loads(lines[0])["model"] == "bars"
+    assert json.loads(lines[-1]) == [], "torch was imported"
