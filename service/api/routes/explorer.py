@@ -23,11 +23,20 @@ PLACEHOLDER = """<!doctype html>
 </ul></body></html>
 """
 
+# The page loads nothing from elsewhere: scripts, styles and images come from this service (blob: for the
+# reconstructions it fetches, data: for canvas snapshots), and it talks only to this service's API.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; img-src 'self' blob: data:; connect-src 'self'; object-src 'none'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
 router = APIRouter()
 
 
 @router.get("/", include_in_schema=False)
 async def index() -> Response:
     if INDEX_FILE.is_file():
-        return FileResponse(INDEX_FILE, media_type="text/html")
+        return FileResponse(
+            INDEX_FILE, media_type="text/html", headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY}
+        )
     return HTMLResponse(PLACEHOLDER)

@@ -1,0 +1,176 @@
+"""The dynamic batcher, with a fake model: gathering, limits, back-pressure, timeouts, failures and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+from service.core.errors import InferenceTimeout, Overloaded, ShuttingDown
+from service.core.metrics import Metrics
+from service.runtime.batcher import BatchingPolicy, DynamicBatcher, Tensors
+
+T = TypeVar("T")
+
+
+class FakeModel:
+    """Doubles its input; records batch sizes; `gate` holds a run until released."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.batches: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_on = fail_on
+
+    def __call__(self, inputs: Tensors) -> Tensors:
+        self.gate.wait(5)
+        x = inputs["x"]
+        self.batches.append(len(x))
+        if self.fail_on is not None and self.fail_on in x:
+            raise RuntimeError("poisoned batch")
+        return {"y": 2 * x}
+
+
+def run(
+    scenario: Callable[[DynamicBatcher, FakeModel], Awaitable[T]], model: FakeModel | None = None, **policy: Any
+) -> T:
+    async def main() -> T:
+        fake = model or FakeModel()
+        settings = {"max_batch_size": 4, "max_queue_delay_s": 0.0, "max_queue_size": 100, "timeout_s": 5.0, **policy}
+        with ThreadPoolExecutor(1) as executor:
+            batcher = DynamicBatcher("m", "g", fake, BatchingPolicy(**settings), executor, Metrics())
+            batcher.start()
+            try:
+                return await scenario(batcher, fake)
+            finally:
+                await batcher.close()
+
+    return asyncio.run(main())
+
+
+def rows(*values: float) -> Tensors:
+    return {"x": np.array(values, np.float32)}
+
+
+async def submit_while_blocked(batcher: DynamicBatcher, fake: FakeModel, requests: list[Tensors]) -> list[Tensors]:
+    """One request occupies the model while `requests` queue up; then the model is released."""
+    fake.gate.clear()
+    first = asyncio.ensure_future(batcher.submit(rows(-1)))
+    await asyncio.sleep(0.05)
+    rest = [asyncio.ensure_future(batcher.submit(r)) for r in requests]
+    await asyncio.sleep(0.05)
+    fake.gate.set()
+    await first
+    return list(await asyncio.gather(*rest))
+
+
+def test_requests_queued_during_a_run_form_one_batch() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        outs = await submit_while_blocked(batcher, fake, [rows(i) for i in range(3)])
+        assert fake.batches == [1, 3]
+        assert [o["y"].tolist() for o in outs] == [[0.0], [2.0], [4.0]]  # each caller gets its own rows
+
+    run(scenario)
+
+
+def test_batches_respect_max_batch_size_and_multi_row_requests() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        requests = [rows(1, 2), rows(3), rows(4, 5), rows(6), rows(7, 8, 9)]
+        outs = await submit_while_blocked(batcher, fake, requests)
+        assert fake.batches == [1, 3, 3, 3]  # 2+1 | 2+1 | 3: a request is never split
+        assert [o["y"].tolist() for o in outs] == [[2, 4], [6], [8, 10], [12], [14, 16, 18]]
+
+    run(scenario)
+
+
+def test_an_oversized_request_runs_alone() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        out = await batcher.submit(rows(*range(10)))
+        assert fake.batches == [10] and out["y"].tolist() == [2.0 * i for i in range(10)]
+
+    run(scenario)
+
+
+def test_queue_delay_waits_for_company() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        first = asyncio.ensure_future(batcher.submit(rows(1)))
+        await asyncio.sleep(0.02)
+        second = asyncio.ensure_future(batcher.submit(rows(2)))
+        await asyncio.gather(first, second)
+        assert fake.batches == [2]
+
+    run(scenario, max_queue_delay_s=0.3)
+
+
+def test_a_full_batch_does_not_wait_for_the_delay() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        start = time.perf_counter()
+        await asyncio.gather(*(batcher.submit(rows(i)) for i in range(4)))
+        assert fake.batches == [4] and time.perf_counter() - start < 2.0
+
+    run(scenario, max_queue_delay_s=5.0)
+
+
+def test_full_queue_answers_overloaded_with_retry_after() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        fake.gate.clear()
+        running = asyncio.ensure_future(batcher.submit(rows(0)))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(batcher.submit(rows(i))) for i in (1, 2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded) as info:
+            await batcher.submit(rows(3))
+        assert info.value.status == 503 and info.value.headers == {"Retry-After": "1"}
+        assert str(info.value) == "model 'm' has 2 requests queued (limit 2, CAPSNET_MAX_QUEUE_SIZE); retry later"
+        fake.gate.set()
+        await asyncio.gather(running, *queued)
+
+    run(scenario, max_queue_size=2)
+
+
+def test_timeout_frees_the_caller_and_skips_its_work() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        fake.gate.clear()
+        running = asyncio.ensure_future(batcher.submit(rows(0)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(InferenceTimeout, match=r"inference on model 'm' did not finish within 0.2 s"):
+            await batcher.submit(rows(1))
+        fake.gate.set()
+        with pytest.raises(InferenceTimeout):
+            await running  # it too waited past the deadline
+        assert (await batcher.submit(rows(5)))["y"].tolist() == [10.0]
+        assert fake.batches == [1, 1]  # the timed-out queued request never ran
+
+    run(scenario, timeout_s=0.2)
+
+
+def test_a_failed_run_fails_its_callers_and_the_batcher_goes_on() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        with pytest.raises(RuntimeError, match="poisoned batch"):
+            await batcher.submit(rows(13))
+        assert (await batcher.submit(rows(1)))["y"].tolist() == [2.0]
+
+    run(scenario, model=FakeModel(fail_on=13))
+
+
+def test_close_finishes_queued_work_then_refuses() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        fake.gate.clear()
+        pending = [asyncio.ensure_future(batcher.submit(rows(i))) for i in range(6)]
+        await asyncio.sleep(0.05)
+        closing = asyncio.ensure_future(batcher.close())
+        await asyncio.sleep(0.01)
+        with pytest.raises(ShuttingDown, match="the service is shutting down"):
+            await batcher.submit(rows(9))
+        fake.gate.set()
+        await closing
+        assert [p.result()["y"].tolist() for p in pending] == [[2.0 * i] for i in range(6)]
+        assert sum(fake.batches) == 6
+
+    run(scenario)

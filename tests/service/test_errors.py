@@ -1,0 +1,311 @@
+"""Every bad input gets a 4xx JSON error that names the problem, and the service keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from tests.service.conftest import EM_LIKE, NO_DECODER, TINY, digit_image, png_bytes
+
+SERVED = [TINY, EM_LIKE, NO_DECODER]
+LIMIT_BYTES = 200_000
+LIMIT_PIXELS = 1_000_000
+LIMIT_IMAGES = 4
+
+
+@pytest.fixture
+def limited(make_client: Any, model_repository: Path) -> TestClient:
+    client: TestClient = make_client(
+        model_repository,
+        max_body_bytes=LIMIT_BYTES,
+        max_image_pixels=LIMIT_PIXELS,
+        max_images_per_request=LIMIT_IMAGES,
+    )
+    return client
+
+
+def upload(client: TestClient, data: bytes, name: str = "x.png", path: str = "/v1/classify") -> Any:
+    return client.post(path, files=[("files", (name, data, "application/octet-stream"))])
+
+
+def still_serving(client: TestClient) -> None:
+    r = client.post("/v1/classify", files=[("files", ("ok.png", png_bytes(digit_image()), "image/png"))])
+    assert r.status_code == 200, r.text
+
+
+def error(status: int, message: str, error_type: str) -> tuple[int, dict[str, str]]:
+    return status, {"error": message, "type": error_type}
+
+
+def result(r: Any) -> tuple[int, Any]:
+    return r.status_code, r.json()
+
+
+def encoded(image: Image.Image, fmt: str, **kwargs: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+# Image files
+
+
+def test_not_an_image(client: TestClient) -> None:
+    assert result(upload(client, b"hello, this is text", "notes.txt")) == error(
+        400, "file 0 (notes.txt): not a recognised image (PNG, JPEG, GIF, BMP or WebP expected)", "invalid_input"
+    )
+    still_serving(client)
+
+
+def test_truncated_image(client: TestClient) -> None:
+    png = png_bytes(digit_image(256))
+    status, body = result(upload(client, png[: len(png) // 2], "cut.png"))
+    assert status == 400 and body["type"] == "invalid_input"
+    assert body["error"].startswith("file 0 (cut.png): image is truncated or corrupt")
+    still_serving(client)
+
+
+def test_zero_bytes(client: TestClient) -> None:
+    assert result(upload(client, b"", "empty.png")) == error(
+        400, "file 0 (empty.png): image is empty (0 bytes)", "invalid_input"
+    )
+
+
+def test_unsupported_image_format(client: TestClient) -> None:
+    tiff = encoded(Image.fromarray(digit_image()), "TIFF")
+    assert result(upload(client, tiff, "d.tiff")) == error(
+        415,
+        "file 0 (d.tiff): unsupported image format TIFF (PNG, JPEG, GIF, BMP or WebP expected)",
+        "unsupported_media_type",
+    )
+
+
+def test_decompression_bomb_is_refused_before_decoding(limited: TestClient) -> None:
+    bomb = encoded(Image.new("L", (2000, 2000)), "PNG", optimize=True)  # 4 M pixels in a few kB
+    assert len(bomb) < 50_000
+    assert result(upload(limited, bomb, "bomb.png")) == error(
+        413, f"file 0 (bomb.png): image has 4000000 pixels, more than the limit of {LIMIT_PIXELS}", "payload_too_large"
+    )
+    still_serving(limited)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "GIF", "BMP", "WEBP"])
+def test_every_supported_format_is_accepted(client: TestClient, fmt: str) -> None:
+    image = Image.fromarray(digit_image()).convert("RGB" if fmt == "JPEG" else "L")
+    assert upload(client, encoded(image, fmt), f"d.{fmt.lower()}").status_code == 200
+
+
+# The request itself
+
+
+def test_wrong_content_type(client: TestClient) -> None:
+    r = client.post("/v1/classify", content=b"abc", headers={"content-type": "text/plain"})
+    assert result(r) == error(
+        415,
+        "unsupported content type 'text/plain'; send multipart/form-data (image files) "
+        "or application/json ({'images': [...]})",
+        "unsupported_media_type",
+    )
+
+
+def test_missing_content_type(client: TestClient) -> None:
+    r = client.post("/v1/classify", content=b"abc")
+    assert r.status_code == 415
+    assert r.json()["error"].startswith("unsupported content type '(none)'")
+
+
+@pytest.mark.parametrize("path", ["/v1/models/nope/classify", "/v1/models/nope"])
+def test_unknown_model(client: TestClient, path: str) -> None:
+    r = client.post(path, json={}) if path.endswith("classify") else client.get(path)
+    assert result(r) == error(404, f"model 'nope' not found; served models: {sorted(SERVED)}", "model_not_found")
+
+
+def test_malformed_json(client: TestClient) -> None:
+    r = client.post("/v1/classify", content=b'{"images": [', headers={"content-type": "application/json"})
+    assert result(r) == error(400, "malformed JSON: Expecting value: line 1 column 13 (char 12)", "invalid_input")
+
+
+def test_json_of_the_wrong_structure(client: TestClient) -> None:
+    assert result(client.post("/v1/classify", json={"pictures": []})) == error(
+        400, "invalid request body: images: Field required; pictures: Extra inputs are not permitted", "invalid_input"
+    )
+    assert result(client.post("/v1/classify", json={"images": []})) == error(
+        400, "invalid request body: images: List should have at least 1 item after validation, not 0", "invalid_input"
+    )
+    assert result(client.post("/v1/classify", json={"images": [{}]})) == error(
+        400,
+        "invalid request body: images.0: Value error, give exactly one of 'data' (base64) or 'array'",
+        "invalid_input",
+    )
+
+
+def test_malformed_base64(client: TestClient) -> None:
+    r = client.post("/v1/classify", json={"images": [{"data": "not*base64"}]})
+    status, body = result(r)
+    assert status == 400 and body["error"].startswith("images[0]: malformed base64: ")
+    r = client.post("/v1/classify", json={"images": [{"data": "data:image/png;base64"}]})
+    assert result(r) == error(400, "images[0]: malformed data: URL (no comma)", "invalid_input")
+
+
+def test_base64_of_a_non_image(client: TestClient) -> None:
+    r = client.post("/v1/classify", json={"images": [{"data": base64.b64encode(b"text").decode()}]})
+    assert result(r) == error(
+        400, "images[0]: not a recognised image (PNG, JPEG, GIF, BMP or WebP expected)", "invalid_input"
+    )
+
+
+def test_array_of_the_wrong_shape(client: TestClient) -> None:
+    r = client.post("/v1/classify", json={"images": [{"array": np.zeros((27, 28)).tolist()}]})
+    assert result(r) == error(400, "images[0].array: pixels must be a 28×28 array, got shape [27, 28]", "invalid_input")
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_array_with_nan_or_infinity(client: TestClient, value: str) -> None:
+    row = "[" + ",".join([value] + ["0"] * 27) + "]"
+    body = '{"images": [{"array": [' + ",".join([row] * 28) + "]}]}"
+    r = client.post("/v1/classify", content=body.encode(), headers={"content-type": "application/json"})
+    assert result(r) == error(
+        400, "images[0].array: pixels must be finite numbers, got NaN or infinity", "invalid_input"
+    )
+    still_serving(client)
+
+
+def test_array_out_of_range(client: TestClient) -> None:
+    r = client.post("/v1/classify", json={"images": [{"array": np.full((28, 28), -1.0).tolist()}]})
+    assert result(r) == error(
+        400, "images[0].array: pixels must lie in [0, 1] or [0, 255], got values from -1 to -1", "invalid_input"
+    )
+
+
+def test_too_many_images(limited: TestClient) -> None:
+    png = png_bytes(digit_image())
+    files = [("files", (f"{i}.png", png, "image/png")) for i in range(LIMIT_IMAGES + 1)]
+    assert result(limited.post("/v1/classify", files=files)) == error(
+        413,
+        f"too many images: {LIMIT_IMAGES + 1} in one request, the limit is {LIMIT_IMAGES} "
+        "(CAPSNET_MAX_IMAGES_PER_REQUEST)",
+        "payload_too_large",
+    )
+    r = limited.post("/v1/classify", json={"images": [{"data": base64.b64encode(png).decode()}] * (LIMIT_IMAGES + 1)})
+    assert r.status_code == 413
+
+
+def test_no_images(client: TestClient) -> None:
+    r = client.post("/v1/classify", files={"ignored": (None, "")}, data={})
+    assert r.status_code == 400
+    r = client.post("/v1/classify", content=b"--b--\r\n", headers={"content-type": "multipart/form-data; boundary=b"})
+    assert result(r) == error(400, "no images in the request", "invalid_input")
+
+
+def test_form_fields_are_refused(client: TestClient) -> None:
+    r = client.post(
+        "/v1/classify", data={"top_k": "3"}, files=[("files", ("a.png", png_bytes(digit_image()), "image/png"))]
+    )
+    assert result(r) == error(
+        400, "unexpected form field 'top_k': send images as file parts; options go in the query string", "invalid_input"
+    )
+
+
+def test_body_over_the_limit_by_content_length(limited: TestClient) -> None:
+    size = LIMIT_BYTES + 1
+    r = limited.post("/v1/classify", content=b"x" * size, headers={"content-type": "application/json"})
+    assert result(r) == error(
+        413,
+        f"request body too large ({size} bytes): the limit is {LIMIT_BYTES} bytes (CAPSNET_MAX_BODY_BYTES)",
+        "payload_too_large",
+    )
+    still_serving(limited)
+
+
+def test_body_over_the_limit_while_streaming(limited: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(30):
+            yield b"x" * 10_000
+
+    r = limited.post("/v1/classify", content=chunks(), headers={"content-type": "application/json"})
+    assert result(r) == error(
+        413, f"request body too large: the limit is {LIMIT_BYTES} bytes (CAPSNET_MAX_BODY_BYTES)", "payload_too_large"
+    )
+    still_serving(limited)
+
+
+# Options
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("top_k=0", "query parameter 'top_k': Input should be greater than or equal to 1"),
+        ("top_k=x", "query parameter 'top_k': Input should be a valid integer, unable to parse string as an integer"),
+        ("top_k=11", "top_k 11 is larger than the 10 classes of model 'tiny'"),
+        ("invert=maybe", "query parameter 'invert': Input should be 'auto', 'true' or 'false'"),
+    ],
+)
+def test_bad_classify_options(client: TestClient, query: str, message: str) -> None:
+    r = client.post(f"/v1/classify?{query}", files=[("files", ("a.png", png_bytes(digit_image()), "image/png"))])
+    assert result(r) == error(400, message, "invalid_input")
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("reconstruct?class=10", "class 10 is out of range: model 'tiny' has classes 0..9"),
+        ("reconstruct?class=-1", "query parameter 'class': Input should be greater than or equal to 0"),
+        ("reconstruct?format=gif", "query parameter 'format': Input should be 'json' or 'png'"),
+        ("perturb?low=0.3&high=0.1", "high (0.1) must not be below low (0.3)"),
+        ("perturb?step=0.001", "501 perturbation steps from -0.25 to 0.25 by 0.001; the limit is 41"),
+        ("perturb?step=0", "query parameter 'step': Input should be greater than 0"),
+    ],
+)
+def test_bad_reconstruction_options(client: TestClient, path: str, message: str) -> None:
+    r = client.post(f"/v1/{path}", json={"images": [{"array": (digit_image() / 255).tolist()}]})
+    assert result(r) == error(400, message, "invalid_input")
+
+
+def test_png_and_perturb_take_one_image(client: TestClient) -> None:
+    two = {"images": [{"array": (digit_image() / 255).tolist()}] * 2}
+    assert result(client.post("/v1/reconstruct?format=png", json=two)) == error(
+        400, "format=png returns one image but the request has 2; use format=json", "invalid_input"
+    )
+    assert result(client.post("/v1/perturb", json=two)) == error(
+        400, "perturb takes one image, the request has 2", "invalid_input"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"poses": [[0.0] * 8] * 9, "class": 1}, "poses must have shape [10, 8] for model 'tiny', got [9, 8]"),
+        ({"poses": [[0.0] * 8] * 10, "class": 10}, "class 10 is out of range: model 'tiny' has classes 0..9"),
+        ({"poses": [[0.0] * 8] * 10, "mask": [1.0] * 9}, "mask must have 10 values (one per class), got 9"),
+        ({"poses": [[0.0] * 8] * 10}, "invalid request body: body: Value error, give exactly one of 'class' or 'mask'"),
+        ({"poses": [["a"] * 8] * 10, "class": 1}, None),
+    ],
+)
+def test_bad_decode_requests(client: TestClient, body: dict[str, Any], message: str | None) -> None:
+    status, got = result(client.post(f"/v1/models/{TINY}/decode", json=body))
+    assert status == 400 and got["type"] == "invalid_input"
+    if message is None:
+        assert got["error"].startswith("poses must be a numeric array of shape [10, 8]")
+    else:
+        assert got["error"] == message
+
+
+def test_decode_rejects_nan(client: TestClient) -> None:
+    rows = ",".join(["[" + ",".join(["NaN"] + ["0"] * 7) + "]"] * 10)
+    body = ('{"poses": [' + rows + '], "class": 1}').encode()
+    r = client.post("/v1/decode", content=body, headers={"content-type": "application/json"})
+    assert result(r) == error(400, "poses and mask must be finite numbers (no NaN or infinity)", "invalid_input")
+
+
+def test_unknown_route_and_method(client: TestClient) -> None:
+    assert result(client.get("/v1/nothing")) == error(404, "no route GET /v1/nothing", "not_found")
+    assert result(client.get("/v1/classify")) == error(405, "Method Not Allowed", "method_not_allowed")

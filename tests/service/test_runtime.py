@@ -1,0 +1,135 @@
+"""Model repository, cards, checksums, execution providers, readiness and broken models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.main import create_app
+from service.runtime import sessions
+from service.runtime.card import CardError, parse_card
+from service.runtime.repository import scan_repository
+from tests.service.conftest import TINY, digit_image, png_bytes, service_settings
+
+
+def tiny_card(model_repository: Path) -> dict[str, Any]:
+    card: dict[str, Any] = json.loads((model_repository / TINY / "model.json").read_text())
+    return card
+
+
+def test_exported_card_parses(model_repository: Path) -> None:
+    card = parse_card(tiny_card(model_repository))
+    assert card.image_shape == (1, 28, 28)
+    assert card.pose_size == 8 and card.graph_files == ["capsnet.onnx", "decoder.onnx"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"format_version": 2}, "format_version 2 is not supported"),
+        ({"scores": {"output": "nothing", "kind": "capsule_length"}}, "no output named 'nothing'"),
+        ({"pose_shape": [4, 4]}, "poses output shape [-1, 10, 8] != [-1, 10, *pose_shape [4, 4]]"),
+        ({"classes": ["a", "b"]}, "scores output 'lengths' must have role 'scores' and shape [-1, 2]"),
+        ({"name": "Bad Name"}, "name: String should match pattern"),
+    ],
+)
+def test_inconsistent_cards_are_rejected(model_repository: Path, change: dict[str, Any], message: str) -> None:
+    with pytest.raises(CardError, match="invalid model card") as info:
+        parse_card({**tiny_card(model_repository), **change})
+    assert message in str(info.value)
+
+
+def test_scan_reports_each_broken_model(broken_repository: Path) -> None:
+    found = {m.name: m for m in scan_repository(broken_repository)}
+    assert sorted(found) == ["altered", "missing", TINY, "unreadable"]
+    assert found[TINY].error is None and found[TINY].card is not None
+    assert found["altered"].error is not None and found["altered"].error.startswith(
+        "capsnet.onnx sha256 mismatch: file "
+    )
+    assert (
+        found["missing"].error == f"decoder.onnx is listed in the card but missing from {broken_repository / 'missing'}"
+    )
+    assert found["unreadable"].error is not None and found["unreadable"].error.startswith("cannot read model.json: ")
+
+
+def test_missing_repository_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        scan_repository(tmp_path / "absent")
+
+
+def test_unlisted_graph_cannot_be_verified(model_repository: Path, tmp_path: Path) -> None:
+    shutil.copytree(model_repository / TINY, tmp_path / TINY)
+    card = tiny_card(model_repository)
+    del card["files"]["decoder.onnx"]
+    (tmp_path / TINY / "model.json").write_text(json.dumps(card))
+    (entry,) = scan_repository(tmp_path)
+    assert entry.error == "decoder.onnx is not listed in the card's files, so its checksum cannot be verified"
+
+
+def test_broken_models_are_reported_while_the_others_serve(make_client: Any, broken_repository: Path) -> None:
+    client = make_client(broken_repository)
+    models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
+    assert models[TINY]["ready"] is True
+    assert models["altered"]["state"] == "failed" and "sha256 mismatch" in models["altered"]["error"]
+    ready = client.get("/health/ready")
+    assert ready.status_code == 200
+    assert ready.json()["models"] == {"altered": "failed", "missing": "failed", TINY: "ready", "unreadable": "failed"}
+    assert client.get("/v2/health/ready").status_code == 400  # the protocol's readiness: every model
+    assert client.get("/v2/models/altered/ready").status_code == 400
+    assert client.get(f"/v2/models/{TINY}/ready").status_code == 200
+    r = client.post("/v1/models/altered/classify", files=[("files", ("a.png", png_bytes(digit_image()), "image/png"))])
+    assert r.status_code == 503 and r.headers["retry-after"] == "30"
+    assert r.json()["error"].startswith("model 'altered' is not available: capsnet.onnx sha256 mismatch")
+    r = client.post("/v2/models/missing/infer", json={"inputs": []})
+    assert r.status_code == 503 and set(r.json()) == {"error"}
+    metrics = client.get("/metrics").text
+    assert "capsnet_models_loaded 1.0" in metrics
+    assert 'capsnet_model_ready{model="altered"} 0.0' in metrics
+
+
+def test_not_ready_until_loaded(model_repository: Path) -> None:
+    client = TestClient(create_app(service_settings(model_repository)))  # lifespan not started: nothing loaded
+    r = client.get("/health/ready")
+    assert (r.status_code, r.json()) == (503, {"ready": False, "models": {}})
+    assert client.get("/health/live").status_code == 200
+    assert client.get("/v2/health/live").status_code == 200
+    assert client.get("/v2/health/ready").status_code == 400
+    r = client.post("/v1/classify", json={"images": []})
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert r.json() == {"error": "models are still loading", "type": "model_not_ready"}
+
+
+def test_empty_repository_is_not_ready(make_client: Any, tmp_path: Path) -> None:
+    client = make_client(tmp_path)
+    r = client.get("/health/ready")
+    assert r.status_code == 503
+    assert r.json()["error"] == f"no model directories (with model.json) in {tmp_path}"
+    r = client.post("/v1/classify", json={"images": []})
+    assert r.json() == {"error": "no default model: no model in the repository is ready", "type": "model_not_found"}
+
+
+def test_provider_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert sessions.requested_providers("cpu") == [sessions.CPU]
+    monkeypatch.setattr(sessions, "gpu_visible", lambda: False)
+    assert sessions.requested_providers("auto") == [sessions.CPU]
+    monkeypatch.setattr(sessions, "gpu_visible", lambda: True)
+    monkeypatch.setattr(sessions.ort, "get_available_providers", lambda: [sessions.CUDA, sessions.CPU])
+    assert sessions.requested_providers("auto") == [sessions.CUDA, sessions.CPU]
+    monkeypatch.setattr(sessions.ort, "get_available_providers", lambda: [sessions.CPU])
+    assert sessions.requested_providers("auto") == [sessions.CPU]
+    with pytest.raises(sessions.ProviderUnavailable, match="CAPSNET_PROVIDER=cuda but this onnxruntime build"):
+        sessions.requested_providers("cuda")
+
+
+@pytest.mark.skipif(sessions.gpu_visible(), reason="this machine has a GPU: forcing CUDA would work")
+def test_forced_cuda_without_a_gpu_fails_the_model_clearly(make_client: Any, model_repository: Path) -> None:
+    client = make_client(model_repository, provider="cuda")
+    models = client.get("/v1/models").json()["models"]
+    assert all(m["state"] == "failed" for m in models)
+    assert all("CAPSNET_PROVIDER=cuda" in m["error"] for m in models)
+    assert client.get("/health/ready").status_code == 503

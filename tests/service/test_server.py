@@ -1,0 +1,172 @@
+"""The real `capsnet-serve` process on a loopback port: HTTP, batching of a concurrent burst, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.service.conftest import TINY, digit_image, png_bytes
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BURST = 96
+
+
+def serve_command() -> list[str]:
+    script = Path(sys.executable).with_name("capsnet-serve")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "service.main"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until_ready(base: str, process: subprocess.Popen[str], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"capsnet-serve exited with {process.returncode}: {process.stdout.read() if process.stdout else ''}"
+            )
+        try:
+            if httpx.get(f"{base}/health/ready", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("capsnet-serve did not become ready")
+
+
+@pytest.fixture(scope="module")
+def server(model_repository: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = free_port()
+    env = {**os.environ, "CAPSNET_INTRA_OP_THREADS": "1", "CAPSNET_WARMUP_RUNS": "1", "CAPSNET_LOG_LEVEL": "info"}
+    process = subprocess.Popen(
+        [*serve_command(), "--host", "127.0.0.1", "--port", str(port), "--model-repository", str(model_repository)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(base, process)
+        yield base, process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
+def batch_histogram(metrics: str, model: str, graph: str) -> dict[str, float]:
+    pattern = re.compile(
+        rf'capsnet_batch_size_(bucket|count)\{{graph="{graph}",(?:le="([^"]+)",)?model="{model}"\}} ([0-9.e+]+)'
+    )
+    found = {}
+    for kind, le, value in pattern.findall(metrics):
+        found["count" if kind == "count" else le] = float(value)
+    return found
+
+
+@pytest.mark.slow
+def test_real_server_answers_http(server: tuple[str, subprocess.Popen[str]]) -> None:
+    base, _ = server
+    r = httpx.post(f"{base}/v1/classify", files=[("files", ("d.png", png_bytes(digit_image()), "image/png"))])
+    assert r.status_code == 200 and r.json()["model"] == TINY
+    assert httpx.get(f"{base}/v2/health/live").status_code == 200
+    assert httpx.get(f"{base}/v2/models/{TINY}").json()["platform"] == "onnxruntime_onnx"
+    r = httpx.post(f"{base}/v1/classify", content=b"x", headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and r.json()["type"] == "unsupported_media_type"
+
+
+@pytest.mark.slow
+def test_concurrent_burst_is_batched(server: tuple[str, subprocess.Popen[str]]) -> None:
+    base, _ = server
+    before = batch_histogram(httpx.get(f"{base}/metrics").text, TINY, "capsnet")
+    image = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
+    body = {"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": image.ravel().tolist()}]}
+
+    def call(i: int) -> tuple[int, list[float]]:
+        with httpx.Client(base_url=base, timeout=60) as c:
+            r = c.post(f"/v2/models/{TINY}/infer", json={**body, "id": str(i)})
+            out = r.json()
+            assert out["id"] == str(i)
+            return r.status_code, out["outputs"][0]["data"]
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(call, range(BURST)))
+    assert [status for status, _ in results] == [200] * BURST
+    first = results[0][1]
+    assert all(np.allclose(data, first, atol=1e-6) for _, data in results)  # batching never mixes up rows
+    after = batch_histogram(httpx.get(f"{base}/metrics").text, TINY, "capsnet")
+    runs = after["count"] - before.get("count", 0)
+    single = after["1.0"] - before.get("1.0", 0)
+    assert runs < BURST, f"{BURST} requests took {runs} runs: nothing was batched"
+    assert runs - single > 0, "no batch larger than 1 in the batch-size histogram"
+
+
+@pytest.mark.slow
+def test_sigterm_shuts_down_cleanly(server: tuple[str, subprocess.Popen[str]]) -> None:
+    _, process = server
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0
+    assert process.stdout is not None
+    log = process.stdout.read()
+    assert "shut down: queued requests finished" in log
+
+
+def test_help_states_the_defaults() -> None:
+    result = subprocess.run([*serve_command(), "--help"], capture_output=True, text=True, timeout=60, check=True)
+    assert "--model-repository" in result.stdout and "(default: CAPSNET_PORT or 8000)" in result.stdout
+
+
+def test_dry_run_loads_every_model(model_repository: Path, broken_repository: Path) -> None:
+    env = {**os.environ, "CAPSNET_INTRA_OP_THREADS": "1", "CAPSNET_WARMUP_RUNS": "0", "CAPSNET_LOG_LEVEL": "error"}
+    ok = subprocess.run(
+        [*serve_command(), "--dry-run", "--model-repository", str(model_repository)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout)
+    assert report["ready"] is True and report["default_model"] == TINY
+    assert report["models"][TINY]["provider"] == "CPUExecutionProvider"
+    bad = subprocess.run(
+        [*serve_command(), "--dry-run", "--model-repository", str(broken_repository)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert bad.returncode == 1 and json.loads(bad.stdout)["models"]["altered"]["state"] == "failed"
+
+
+def test_missing_repository_exits_with_a_message(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*serve_command(), "--model-repository", str(tmp_path / "absent")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"capsnet-serve: model repository {tmp_path / 'absent'} is not a directory" in result.stderr
