@@ -61,6 +61,7 @@ NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INPUT_NAME = "image"
 DECODER_INPUTS = ("poses", "mask")
+NOISY_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnx_ir")  # "torchvision is not installed", pass stats
 
 
 class ExportError(ModelDirError):
@@ -104,9 +105,6 @@ class DecoderGraph(nn.Module):
 
     def forward(self, poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.decode(self.model, poses, mask)
-
-
-NOISY_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnx_ir")  # "torchvision is not installed", pass stats
 
 
 @contextmanager
@@ -351,21 +349,7 @@ def export_module(
         if "poses" not in roles:
             raise ExportError(f"architecture {arch!r}: a decoder needs a poses output, the outputs have roles {roles}")
         decoder_inputs = [full[roles.index("poses")], _class_masks(len(images), num_classes)]
-        decoder = DecoderGraph(model, spec).eval()
-        with torch.no_grad():
-            dec_reference = {
-                b: _numpy(decoder(*(torch.from_numpy(a[:b]) for a in decoder_inputs))) for b in VERIFY_BATCHES
-            }
-        protos[DECODER_ONNX], parity[DECODER_ONNX], _ = _export_graph(
-            decoder,
-            DECODER_ONNX,
-            decoder_inputs,
-            list(DECODER_INPUTS),
-            ["reconstruction"],
-            ["reconstruction"],
-            dec_reference,
-            opset,
-        )
+        protos[DECODER_ONNX], parity[DECODER_ONNX] = _export_decoder(DecoderGraph(model, spec), decoder_inputs, opset)
     twin = None
     if torchscript:
         twin, parity[TORCHSCRIPT] = _trace_twin(graph, images, decoder_inputs, names, roles, reference)
@@ -423,6 +407,20 @@ def _export_graph(
         got = session.run(outputs, {name: a[:b] for name, a in zip(inputs, arrays, strict=True)})
         parity[f"batch_{b}"] = _max_abs_diffs(file, b, outputs, roles, reference[b], got)
     return proto, parity, session
+
+
+def _export_decoder(
+    decoder: DecoderGraph, inputs: list[np.ndarray], opset: int
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """decoder.onnx from (poses, one-hot masks), checked against PyTorch like capsnet.onnx."""
+    decoder.eval()
+    with torch.no_grad():
+        reference = {b: _numpy(decoder(*(torch.from_numpy(a[:b]) for a in inputs))) for b in VERIFY_BATCHES}
+    output = ["reconstruction"]
+    proto, parity, _ = _export_graph(
+        decoder, DECODER_ONNX, inputs, list(DECODER_INPUTS), output, output, reference, opset
+    )
+    return proto, parity
 
 
 def _trace_twin(
