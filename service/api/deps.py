@@ -11,12 +11,12 @@ from service.runtime.model import ServedModel
 from service.runtime.registry import ModelRegistry
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_registry(request: Request) -> ModelRegistry:
+async def get_registry(request: Request) -> ModelRegistry:
     registry: ModelRegistry = request.app.state.registry
     return registry
 
@@ -25,9 +25,9 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 
 
-def named_model(registry: RegistryDep, name: Annotated[str, Path(description="model name")]) -> ServedModel:
+async def named_model(registry: RegistryDep, name: Annotated[str, Path(description="model name")]) -> ServedModel:
     return registry.get(name)
 
 
-def default_model(registry: RegistryDep) -> ServedModel:
+async def default_model(registry: RegistryDep) -> ServedModel:
     return registry.default()

@@ -4,7 +4,7 @@ Every route exists twice: `/v1/models/{name}/<op>` and `/v1/<op>` (the default m
 Options go in the query string; images in the body (multipart files or JSON, see `ImagesRequest`).
 """
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -77,7 +77,7 @@ PNG_RESPONSE: dict[int | str, dict[str, Any]] = {
 }
 
 
-def preprocess_options(
+async def preprocess_options(
     invert: Annotated[
         Invert, Query(description="auto: invert dark-on-light images (photos, drawings); true/false: force")
     ] = "auto",
@@ -163,7 +163,9 @@ async def png_response(array: np.ndarray) -> Response:
     return Response(await run_in_threadpool(array_to_png, array), media_type="image/png")
 
 
-def add_inference_routes(router: APIRouter, prefix: str, model_dep: Callable[..., ServedModel], suffix: str) -> None:
+def add_inference_routes(
+    router: APIRouter, prefix: str, model_dep: Callable[..., Awaitable[ServedModel]], suffix: str
+) -> None:
     """Register the five operations under `prefix`, resolving the model with `model_dep`."""
     ModelDep = Annotated[ServedModel, Depends(model_dep)]
     which = "the default model" if suffix == "default" else "the named model"

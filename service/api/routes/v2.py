@@ -7,7 +7,7 @@ Tensors go as JSON (flat or nested, row-major), or with the binary tensor data e
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
@@ -54,11 +54,11 @@ def server_version() -> str:
         return "0+unknown"
 
 
-def latest_model(registry: RegistryDep, name: Annotated[str, Path(description="model name")]) -> ServedModel:
+async def latest_model(registry: RegistryDep, name: Annotated[str, Path(description="model name")]) -> ServedModel:
     return registry.get(name)
 
 
-def versioned_model(
+async def versioned_model(
     registry: RegistryDep,
     name: Annotated[str, Path(description="model name")],
     model_version: Annotated[str, Path(description="model version (the card's `version`)")],
@@ -229,7 +229,7 @@ async def infer(request: Request, model: ServedModel, settings: Settings) -> Res
     return infer_response(card, req, outputs)
 
 
-def add_model_routes(path: str, model_dep: Callable[..., ServedModel], suffix: str) -> None:
+def add_model_routes(path: str, model_dep: Callable[..., Awaitable[ServedModel]], suffix: str) -> None:
     """Model ready, model metadata and inference under `path` (with or without `/versions/{model_version}`)."""
     ModelDep = Annotated[ServedModel, Depends(model_dep)]
 

@@ -1,0 +1,366 @@
+"""Load benchmark: raw ONNX Runtime throughput by batch size against the HTTP service by concurrency.
+
+Runs, in one go and on one model: `capsnet.onnx` in ONNX Runtime directly (batch 1 … 128, with the
+service's own session options), then a real `capsnet-serve` process driven through
+`POST /v2/models/{name}/infer` with one image per request at each concurrency (like perf_analyzer),
+and prints throughput, latency percentiles and the service ÷ raw ratios, with the machine it ran on.
+
+    python -m service.benchmark [--model-repository DIR] [--model NAME] [--duration S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from service.core.config import Settings, cgroup_cpu_limit
+from service.runtime.card import GRAPH_FILE, ModelCard
+from service.runtime.repository import scan_repository
+from service.runtime.sessions import active_provider, create_session
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+DEFAULT_CONCURRENCY = (1, 8, 32, 64)
+
+
+@dataclass
+class RawRow:
+    batch: int
+    runs: int
+    throughput: float  # images/s
+    p50_ms: float
+
+
+@dataclass
+class HttpRow:
+    concurrency: int
+    requests: int
+    errors: int
+    throughput: float  # requests/s (= images/s: one image per request)
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+
+def percentile_ms(latencies: list[float], q: float) -> float:
+    return float(np.percentile(np.array(latencies) * 1000.0, q)) if latencies else float("nan")
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": cpu,
+        "cpus_usable": affinity,
+        "cgroup_cpu_quota": cgroup_cpu_limit(),
+        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "onnxruntime": ort.__version__,
+    }
+
+
+def raw_benchmark(
+    path: Path, card: ModelCard, provider: str, threads: int, batches: list[int], duration: float
+) -> tuple[str, list[RawRow]]:
+    session = create_session(path, provider, threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    for batch in batches:
+        feed = {card.input.name: rng.random((batch, *card.image_shape), dtype=np.float32)}
+        for _ in range(3):
+            session.run(None, feed)
+        latencies: list[float] = []
+        start = time.perf_counter()
+        while time.perf_counter() - start < duration or len(latencies) < 5:
+            t0 = time.perf_counter()
+            session.run(None, feed)
+            latencies.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - start
+        rows.append(RawRow(batch, len(latencies), batch * len(latencies) / elapsed, percentile_ms(latencies, 50)))
+        print(f"  raw batch {batch:4d}: {rows[-1].throughput:9.1f} img/s  p50 {rows[-1].p50_ms:8.2f} ms", flush=True)
+    return active_provider(session), rows
+
+
+def infer_request(card: ModelCard, host: str, port: int, binary: bool) -> bytes:
+    """One pre-encoded HTTP/1.1 request for one random image (all outputs)."""
+    image = np.random.default_rng(1).random((1, *card.image_shape), dtype=np.float32)
+    tensor: dict[str, Any] = {"name": card.input.name, "shape": list(image.shape), "datatype": "FP32"}
+    headers = {"Host": f"{host}:{port}"}
+    if binary:
+        raw = image.astype("<f4").tobytes()
+        tensor["parameters"] = {"binary_data_size": len(raw)}
+        head = json.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}}).encode()
+        body = head + raw
+        headers["Content-Type"] = "application/octet-stream"
+        headers["Inference-Header-Content-Length"] = str(len(head))
+    else:
+        tensor["data"] = image.ravel().tolist()
+        body = json.dumps({"inputs": [tensor]}).encode()
+        headers["Content-Type"] = "application/json"
+    headers["Content-Length"] = str(len(body))
+    lines = [f"POST /v2/models/{card.name}/infer HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def client(host: str, port: int, request: bytes, until: float, latencies: list[float]) -> int:
+    """Keep one connection busy until `until`; return the number of non-200 answers."""
+    reader, writer = await asyncio.open_connection(host, port)
+    errors = 0
+    try:
+        while time.perf_counter() < until:
+            t0 = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t0)
+            errors += status != 200
+    finally:
+        writer.close()
+    return errors
+
+
+async def http_level(host: str, port: int, request: bytes, concurrency: int, duration: float) -> HttpRow:
+    warm: list[float] = []
+    await asyncio.gather(*(client(host, port, request, time.perf_counter() + 1.0, warm) for _ in range(concurrency)))
+    latencies: list[float] = []
+    start = time.perf_counter()
+    errors = await asyncio.gather(
+        *(client(host, port, request, start + duration, latencies) for _ in range(concurrency))
+    )
+    elapsed = time.perf_counter() - start
+    return HttpRow(
+        concurrency,
+        len(latencies),
+        sum(errors),
+        len(latencies) / elapsed,
+        percentile_ms(latencies, 50),
+        percentile_ms(latencies, 90),
+        percentile_ms(latencies, 99),
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(repository: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "service.main", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--model-repository", str(repository), "--log-level", "warning"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, **env})
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"capsnet-serve exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise TimeoutError("capsnet-serve did not become ready")
+
+
+def reference(raw: list[RawRow], again: list[RawRow]) -> tuple[RawRow, RawRow | None]:
+    """The best raw batch and batch 1, averaged with their re-measurement after the service ran: on a shared
+    machine the load drifts, and the service is compared with the raw runtime around it."""
+    best = max(raw, key=lambda r: r.throughput)
+    batch1 = next((r for r in raw if r.batch == 1), None)
+
+    def averaged(row: RawRow | None) -> RawRow | None:
+        later = next((r for r in again if row is not None and r.batch == row.batch), None)
+        if row is None or later is None:
+            return row
+        runs = row.runs + later.runs
+        return RawRow(row.batch, runs, (row.throughput + later.throughput) / 2, (row.p50_ms + later.p50_ms) / 2)
+
+    averaged_best = averaged(best)
+    assert averaged_best is not None
+    return averaged_best, averaged(batch1)
+
+
+def report(result: dict[str, Any]) -> str:
+    raw: list[RawRow] = result["raw"]
+    again: list[RawRow] = result["raw_after"]
+    http: list[HttpRow] = result["http"]
+    best, batch1 = reference(raw, again)
+    m = result["machine"]
+    lines = [
+        f"machine: {m['cpu']}; {m['cpus_usable']} usable CPUs, cgroup quota {m['cgroup_cpu_quota']}; "
+        f"load average {m['load_average_1m']:.1f} at start, {m['load_average_1m_end']:.1f} at end; "
+        f"{m['platform']}; Python {m['python']}; onnxruntime {m['onnxruntime']}",
+        f"model: {result['model']} ({result['provider']}, {result['threads']} intra-op threads); "
+        f"service: max_batch_size {result['settings']['max_batch_size']}, "
+        f"max_queue_delay_ms {result['settings']['max_queue_delay_ms']}, {result['encoding']} tensors, "
+        "one image per request",
+        "",
+        "| raw ONNX Runtime batch | throughput (img/s) | p50 latency (ms) |",
+        "|---:|---:|---:|",
+        *(f"| {r.batch} | {r.throughput:.1f} | {r.p50_ms:.2f} |" for r in raw),
+        *(f"| {r.batch} (again, after the service) | {r.throughput:.1f} | {r.p50_ms:.2f} |" for r in again),
+        "",
+        "| service concurrency | throughput (img/s) | p50 (ms) | p90 (ms) | p99 (ms) | errors | ÷ raw best |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {h.concurrency} | {h.throughput:.1f} | {h.p50_ms:.2f} | {h.p90_ms:.2f} | {h.p99_ms:.2f} | "
+            f"{h.errors} | {h.throughput / best.throughput:.0%} |"
+            for h in http
+        ),
+        "",
+        f"raw best: {best.throughput:.1f} img/s at batch {best.batch} (mean of before and after)",
+    ]
+    high = [h for h in http if h.concurrency >= 32]
+    if high:
+        worst = min(high, key=lambda h: h.throughput)
+        lines.append(
+            f"service at concurrency >= 32: at least {worst.throughput:.1f} img/s = "
+            f"{worst.throughput / best.throughput:.0%} of raw best (target >= 80%)"
+        )
+    one = next((h for h in http if h.concurrency == 1), None)
+    if one and batch1:
+        lines.append(
+            f"concurrency 1: service p50 {one.p50_ms:.2f} ms vs raw batch-1 p50 {batch1.p50_ms:.2f} ms: "
+            f"{one.p50_ms - batch1.p50_ms:+.2f} ms (target <= +1.5 ms)"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(prog="python -m service.benchmark", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=defaults.model_repository,
+        help=f"model repository (default: {defaults.model_repository})",
+    )
+    parser.add_argument("--model", help="model to measure (default: the first ready model of the repository)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=defaults.intra_op_threads,
+        help=f"intra-op threads, raw and service (default: the CPU quota, here {defaults.intra_op_threads})",
+    )
+    parser.add_argument(
+        "--provider", default=defaults.provider, help=f"auto, cuda or cpu (default: {defaults.provider})"
+    )
+    parser.add_argument(
+        "--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="raw batch sizes (default: 1,2,…,128)"
+    )
+    parser.add_argument(
+        "--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)), help="HTTP concurrencies (default: 1,8,32,64)"
+    )
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (default: 5)")
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=defaults.max_batch_size,
+        help=f"service max batch size (default: the service's, {defaults.max_batch_size})",
+    )
+    parser.add_argument(
+        "--max-queue-delay-ms",
+        type=float,
+        default=defaults.max_queue_delay_ms,
+        help=f"service max queue delay (default: the service's, {defaults.max_queue_delay_ms})",
+    )
+    parser.add_argument(
+        "--encoding",
+        choices=["binary", "json"],
+        default="binary",
+        help="tensor encoding of the requests: binary (perf_analyzer's default) or json (default: binary)",
+    )
+    parser.add_argument("--skip-raw", action="store_true", help="measure only the service (default: off)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here (default: none)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    models = [m for m in scan_repository(args.model_repository) if m.card is not None]
+    if args.model:
+        models = [m for m in models if m.name == args.model]
+    if not models:
+        sys.exit(f"no usable model {args.model or ''} in {args.model_repository}")
+    entry = models[0]
+    assert entry.card is not None
+    card = entry.card
+    batches = [int(b) for b in args.batches.split(",")]
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "model": card.name,
+        "threads": args.threads,
+        "encoding": args.encoding,
+        "settings": {"max_batch_size": args.max_batch_size, "max_queue_delay_ms": args.max_queue_delay_ms},
+    }
+    print(f"benchmarking {card.name} from {entry.path}", flush=True)
+    provider, result["raw"] = raw_benchmark(
+        entry.path / GRAPH_FILE, card, args.provider, args.threads, [] if args.skip_raw else batches, args.duration
+    )
+    result["provider"] = provider
+    port = free_port()
+    env = {
+        "CAPSNET_INTRA_OP_THREADS": str(args.threads),
+        "CAPSNET_PROVIDER": args.provider,
+        "CAPSNET_MAX_BATCH_SIZE": str(args.max_batch_size),
+        "CAPSNET_MAX_QUEUE_DELAY_MS": str(args.max_queue_delay_ms),
+        "CAPSNET_MAX_QUEUE_SIZE": str(max(256, 4 * max(concurrency))),
+    }
+    server = start_server(args.model_repository, port, env)
+    try:
+        request = infer_request(card, "127.0.0.1", port, args.encoding == "binary")
+        result["http"] = []
+        for c in concurrency:
+            row = asyncio.run(http_level("127.0.0.1", port, request, c, args.duration))
+            result["http"].append(row)
+            print(f"  service concurrency {c:3d}: {row.throughput:9.1f} img/s  p50 {row.p50_ms:8.2f} ms", flush=True)
+    finally:
+        server.terminate()
+        server.wait(60)
+    result["raw_after"] = []
+    if result["raw"]:
+        best = max(result["raw"], key=lambda r: r.throughput).batch
+        _, result["raw_after"] = raw_benchmark(
+            entry.path / GRAPH_FILE, card, args.provider, args.threads, sorted({1, best}), args.duration
+        )
+    result["machine"]["load_average_1m_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print()
+    if result["raw"]:
+        print(report(result))
+    if args.json:
+        rows = {key: [asdict(r) for r in result[key]] for key in ("raw", "raw_after", "http")}
+        args.json.write_text(json.dumps({**result, **rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
