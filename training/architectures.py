@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from model.baseline import BASELINE_PRESETS, BaselineCNN, BaselineConfig
 from model.capsnet import CapsNet
 from model.config import CapsNetConfig
 from model.losses import margin_loss, reconstruction_loss
@@ -131,6 +133,21 @@ def _dynamic_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
     )
 
 
+def _baseline_config(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    for key in ("routing", "routing_iterations"):
+        if key in clean:
+            raise ValueError(f"--{key.replace('_', '-')} does not apply to arch 'baseline' (a CNN has no routing)")
+    if preset not in BASELINE_PRESETS:
+        raise ValueError(f"unknown preset {preset!r} for arch 'baseline' (choose paper or tiny)")
+    return cast(BaselineConfig, BASELINE_PRESETS[preset](**clean)).to_dict()
+
+
+def _baseline_loss(out: Any, images: torch.Tensor, labels: torch.Tensor, progress: float) -> LossParts:
+    loss = F.cross_entropy(out.logits.float(), labels)  # Sabour et al. 2017 §5: softmax with cross entropy
+    return LossParts(loss, {"cross_entropy": loss})
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     "dynamic": Architecture(
         name="dynamic",
@@ -140,6 +157,14 @@ ARCHITECTURES: dict[str, Architecture] = {
         scores=lambda out: out.lengths,
         forward=lambda model, images, labels: model(images, labels),
         export=_dynamic_export,
+    ),
+    "baseline": Architecture(
+        name="baseline",
+        build=lambda cfg: BaselineCNN(BaselineConfig.from_dict(cfg)),
+        make_config=_baseline_config,
+        loss=_baseline_loss,
+        scores=lambda out: out.probabilities,
+        forward=lambda model, images, labels: model(images),
     ),
 }
 

@@ -20,10 +20,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
-from training.architectures import get_architecture
+from training.architectures import ARCHITECTURES, get_architecture
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.data import IDXError, MNISTSplit, file_hashes, load_split
 from training.evaluate import evaluate_torch, resolve_device
+from training.generators import pad_split
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class TrainConfig:
     lr: float = 1e-3
     lr_decay: float = 0.96  # exponential decay per epoch
     max_shift: int = 2  # the paper's only augmentation: shifts of up to 2 px
+    canvas: int = 28  # digits centred on canvas x canvas; 40 with max_shift 6 is shifted MNIST on 40x40 (§5.2)
     seed: int = 0
     device: str = "auto"
     amp: bool = False  # bfloat16 autocast, CUDA only
@@ -98,6 +100,8 @@ def model_config_for(cfg: TrainConfig) -> dict[str, Any]:
         overrides["routing"] = cfg.routing
     if cfg.routing_iterations is not None:
         overrides["routing_iterations"] = cfg.routing_iterations
+    if cfg.canvas != 28:
+        overrides["image_size"] = cfg.canvas
     return get_architecture(cfg.arch).make_config(cfg.preset, overrides)
 
 
@@ -150,8 +154,8 @@ class Trainer:
         if self.device.type == "cuda" and self.info.world_size > 1:
             self.device = torch.device("cuda", self.info.local_rank)
         self.arch = get_architecture(cfg.arch)
-        self.train_split: MNISTSplit = load_split(data_dir, "train").subset(cfg.train_subset)
-        self.test_split: MNISTSplit = load_split(data_dir, "test").subset(cfg.test_subset)
+        self.train_split: MNISTSplit = pad_split(load_split(data_dir, "train").subset(cfg.train_subset), cfg.canvas)
+        self.test_split: MNISTSplit = pad_split(load_split(data_dir, "test").subset(cfg.test_subset), cfg.canvas)
         self.data_hashes = file_hashes(data_dir)
         torch.manual_seed(cfg.seed)
         self.model_config = model_config_for(cfg)
@@ -318,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--arch",
         default="dynamic",
-        choices=["dynamic", "em"],
-        help="dynamic routing (Sabour 2017) or EM routing (Hinton 2018) (default: dynamic)",
+        choices=sorted(ARCHITECTURES),
+        help="dynamic routing (Sabour 2017), EM routing (Hinton 2018) or the paper's baseline CNN (default: dynamic)",
     )
     p.add_argument(
         "--preset",
@@ -338,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr-decay", type=float, default=0.96, help="exponential learning-rate decay per epoch (default: 0.96)"
     )
     p.add_argument("--max-shift", type=int, default=2, help="random shift augmentation in pixels (default: 2)")
+    p.add_argument(
+        "--canvas",
+        type=int,
+        default=28,
+        help="centre the 28x28 digits on a canvas this size; 40 with --max-shift 6 places them anywhere on "
+        "40x40, the affine experiment's training protocol (default: 28, no padding)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
     p.add_argument("--amp", action="store_true", help="bfloat16 mixed precision on CUDA (default: off)")
     p.add_argument("--resume", default=None, metavar="CKPT", help="resume from a checkpoint (default: start fresh)")
@@ -358,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, lr_decay=args.lr_decay, max_shift=args.max_shift,
+        canvas=args.canvas,
         seed=args.seed, device=args.device, amp=args.amp, train_subset=args.train_subset,
         test_subset=args.test_subset, dry_run=args.dry_run,
     )  # fmt: skip

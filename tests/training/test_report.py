@@ -1,0 +1,242 @@
+"""The report: MultiMNIST helpers, Figure-4 grids, matched accuracy, timing, saved results, the command end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from model.capsnet import CapsNet
+from model.config import CapsNetConfig
+from model.losses import margin_loss
+from training import report
+from training.checkpoint import save_checkpoint
+from training.data import load_split
+from training.evaluate import resolve_device
+from training.generators import multimnist
+from training.multimnist import (
+    evaluate_multimnist,
+    margin_loss_multi,
+    multi_hot,
+    multimnist_loss,
+    reconstruct_each,
+    reconstruction_examples,
+    top2,
+)
+from training.report import Context, Sizes
+
+# --- MultiMNIST helpers ------------------------------------------------------------------------------
+
+
+def test_margin_loss_multi_matches_eq4() -> None:
+    lengths = torch.tensor([[0.95, 0.5, 0.05, 0.3], [0.2, 0.8, 0.9, 0.0]])
+    one = torch.tensor([0, 2])
+    assert torch.allclose(margin_loss_multi(lengths, multi_hot(one[:, None], 4)), margin_loss(lengths, one))
+    two = multi_hot(torch.tensor([[0, 1], [1, 2]]), 4)
+    assert two.tolist() == [[1, 1, 0, 0], [0, 1, 1, 0]]
+    # image 0: present 0 (0) and 1 (0.4²); absent 2 (0) and 3 (0.5·0.2²). Image 1: 0.1², 0; absent 0.5·0.1², 0.
+    expected = ((0.16 + 0.5 * 0.04) + (0.01 + 0.5 * 0.01)) / 2
+    assert margin_loss_multi(lengths, two).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_top2_sorts_the_two_longest_capsules_by_class() -> None:
+    lengths = torch.tensor([[0.1, 0.9, 0.2, 0.8], [0.7, 0.1, 0.6, 0.0]])
+    assert top2(lengths).tolist() == [[1, 3], [0, 2]]  # sorted by class index
+
+
+def test_multimnist_loss_reconstructs_each_digit_from_its_own_capsule() -> None:
+    torch.manual_seed(0)
+    model = CapsNet(CapsNetConfig.tiny(image_size=36))
+    images = torch.rand(3, 1, 36, 36)
+    labels = torch.tensor([[1, 4], [0, 9], [7, 2]])
+    poses, _ = model.encode(images)
+    each = reconstruct_each(model, poses, labels)
+    assert each.shape == (3, 2, 36 * 36)
+    assert torch.equal(each[:, 0], model.decode_class(poses, labels[:, 0]))
+    assert torch.equal(each[:, 1], model.decode_class(poses, labels[:, 1]))
+    assert not torch.equal(each[:, 0], each[:, 1])
+    loss, parts = multimnist_loss(model, images, labels, torch.rand(3, 2, 1, 36, 36))
+    loss.backward()
+    assert set(parts) == {"margin_loss", "reconstruction_loss"} and loss.item() > parts["margin_loss"]
+    assert model.conv1.weight.grad is not None
+
+
+def test_evaluate_and_examples_on_generated_pairs(synthetic_mnist: Path) -> None:
+    test = load_split(synthetic_mnist, "test")
+    data = multimnist(test.images, test.labels, 0)
+    model = CapsNet(CapsNetConfig.tiny(image_size=36))
+    result = evaluate_multimnist(model, data, torch.device("cpu"), batch_size=10)
+    assert result.n == len(test) and result.predictions.shape == (len(test), 2)
+    assert result.errors == int((result.predictions != np.sort(data.labels, axis=1)).any(axis=1).sum())
+    ex = reconstruction_examples(model, data, torch.device("cpu"), n=3)
+    assert ex["inputs"].shape == (3, 36, 36) and ex["recon_pred"].shape == (3, 2, 36, 36)
+    assert ex["recon_true"].dtype == np.uint8 and ex["labels"].shape == (3, 2)
+
+
+# --- Figure 4, matched accuracy, timing --------------------------------------------------------------
+
+
+def test_perturbation_grid_moves_one_dimension_of_one_class() -> None:
+    k, d = 4, 3
+    poses = np.arange(k * d, dtype=np.float32).reshape(k, d) / 10
+    seen: dict[str, np.ndarray] = {}
+
+    def decode(batch: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        seen["mask"] = mask
+        flat = np.zeros((len(batch), 4), dtype=np.float32)
+        flat[:, :d] = (batch * mask[:, :, None]).sum(axis=1)  # pixels 0..d-1: the masked capsule
+        flat[:, 3] = batch.sum(axis=(1, 2))  # pixel 3: the sum of every pose
+        return flat.reshape(len(batch), 1, 2, 2)
+
+    values = np.array([-0.1, 0.0, 0.2])
+    grid = report.perturbation_grid(poses, 2, decode, values)
+    assert grid.shape == (d, 3, 2, 2)
+    assert np.all(seen["mask"][:, 2] == 1) and seen["mask"].sum() == d * 3
+    for dim in range(d):
+        for v, value in enumerate(values):
+            expected = poses[2].copy()
+            expected[dim] += value
+            assert np.allclose(grid[dim, v].ravel()[:d], expected)
+            assert grid[dim, v, 1, 1] == pytest.approx(poses.sum() + value, abs=1e-5)  # nothing else moved
+
+
+def test_pick_examples_prefers_correct_ones() -> None:
+    labels = np.array([0, 1, 0, 1, 2])
+    scores = np.eye(3)[[1, 1, 0, 0, 1]]  # predictions 1, 1, 0, 0, 1
+    picks, correct = report.pick_examples(scores, labels, 4)
+    assert picks == [2, 1, 4, -1] and correct == [True, True, False, False]
+
+
+def test_match_accuracy_compares_at_the_highest_accuracy_both_reach() -> None:
+    def rows(accs: list[float]) -> list[dict[str, Any]]:
+        return [{"epoch": i + 1, "mnist_accuracy": a, "affine_accuracy": a / 2} for i, a in enumerate(accs)]
+
+    matched = report.match_accuracy({"dynamic": rows([0.9, 0.97, 0.99]), "baseline": rows([0.95, 0.98, 0.96])})
+    assert matched["target_mnist_accuracy"] == 0.98
+    assert matched["picks"]["dynamic"]["epoch"] == 3 and matched["picks"]["baseline"]["epoch"] == 2
+
+
+def test_time_calls_and_matmul_graph() -> None:
+    calls = []
+    t = report.time_calls(lambda: calls.append(1), batch=4, seconds=0.0, min_reps=5, warmup=2)
+    assert t.reps == 5 and len(calls) == 7 and t.p50_ms <= t.p99_ms and t.images_per_s > 0
+    session = report.ort_session(report.matmul_onnx(8))
+    a, b = np.random.rand(8, 8).astype(np.float32), np.random.rand(8, 8).astype(np.float32)
+    assert np.allclose(session.run(None, {"a": a, "b": b})[0], a @ b, atol=1e-5)
+
+
+def test_montage_tiles_rows_and_columns() -> None:
+    images = np.arange(2 * 3 * 2 * 2).reshape(2, 3, 2, 2)
+    out = report.montage(images, gap=1)
+    assert out.shape == (6, 9)
+    assert np.array_equal(out[3:5, 6:8], images[1, 2]) and out[2, 0] == 128
+
+
+def test_model_from_checkpoint_classifies_and_decodes(tmp_path: Path) -> None:
+    cfg = CapsNetConfig.tiny()
+    net = CapsNet(cfg)
+    save_checkpoint(tmp_path / "c.pt", {"arch": "dynamic", "model_config": cfg.to_dict(), "model": net.state_dict()})
+    m = report.model_from_checkpoint(tmp_path / "c.pt")
+    scores, poses = m.classify(np.random.rand(2, 1, 28, 28).astype(np.float32))
+    assert scores.shape == (2, 10) and poses.shape == (2, 10, cfg.digit_dim) and m.decode is not None
+    grid = report.perturbation_grid(poses[0], 3, m.decode, report.PERTURBATIONS)
+    assert grid.shape == (cfg.digit_dim, 11, 28, 28)
+
+
+# --- saved results and the report ---------------------------------------------------------------------
+
+
+def context(tmp_path: Path, data_dir: Path | None = None, tiny: bool = True) -> Context:
+    return Context(
+        out=tmp_path / "docs", data_dir=str(data_dir) if data_dir else None, zoo=tmp_path / "zoo", model=None,
+        sizes=Sizes.tiny(), tiny=tiny, device=resolve_device("cpu"), seed=0, command="test", scratch=tmp_path,
+    )  # fmt: skip
+
+
+def test_saved_results_round_trip_and_refuse_the_other_mode(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    saved = report.save_result(ctx, "speed", {"x": 1}, {"grid": np.ones((2, 2), dtype=np.uint8)})
+    loaded = report.load_result(ctx, "speed")
+    assert loaded is not None and loaded.result == {"x": 1} and loaded.produced_at == saved.produced_at
+    assert loaded.command == "test" and np.array_equal(loaded.arrays["grid"], np.ones((2, 2)))
+    assert report.load_result(context(tmp_path, tiny=False), "speed") is None  # a tiny result is never reused for real
+
+
+def test_unmeasured_sections_say_so_and_invent_nothing(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    path = report.build_report(ctx, selected={"baseline"}, reuse=False)  # no data directory
+    text = path.read_text()
+    assert text.count("**Not yet measured.**") == 7  # six sections and the service
+    assert "no MNIST data directory" in text
+    assert "--sections affine" in text
+    assert "this run" not in text and not (ctx.results / "baseline.json").exists()
+
+
+def write_card_only_model(zoo: Path) -> None:
+    d = zoo / "em-card-only"
+    d.mkdir(parents=True)
+    card = {
+        "format_version": 1, "name": "em-card-only", "architecture": "em", "parameters": 123, "decoder": None,
+        "routing": {"algorithm": "em", "variant": None, "iterations": 3}, "outputs": [],
+        "metrics": {"mnist_test_error": 0.0123, "n": 10000}, "files": {"capsnet.onnx": {"sha256": "0" * 64}},
+    }  # fmt: skip
+    (d / "model.json").write_text(json.dumps(card))
+
+
+@pytest.mark.slow
+def test_report_runs_end_to_end_on_tiny_inputs(synthetic_mnist: Path, tmp_path: Path, capsys: Any) -> None:
+    from training.export import export_module
+
+    zoo, out = tmp_path / "zoo", tmp_path / "docs"
+    write_card_only_model(zoo)
+    cfg = CapsNetConfig.tiny()
+    torch.manual_seed(0)
+    export_module(CapsNet(cfg), "dynamic", cfg.to_dict(), zoo / "tiny", name="tiny", torchscript=False)
+    argv = ["--tiny", "--data-dir", str(synthetic_mnist), "--out", str(out), "--zoo", str(zoo), "--device", "cpu"]
+    assert report.main(argv) == 0
+    text = (out / "REPORT.md").read_text()
+    assert "TINY MODE" in text and "Not yet measured" in text  # only the service section
+    assert text.count("**Not yet measured.**") == 1
+    assert "1.23%" in text and "em-card-only: confusion matrix not measured" in text  # the card's figure
+    for name in (
+        "confusion_tiny", "confusion_baseline", "baseline_curve", "affine_vs_mnist", "affine_examples",
+        "multimnist_reconstructions", "speed", *(f"perturbation_class{k}" for k in range(10)),
+    ):  # fmt: skip
+        png = out / "report" / "figures" / f"{name}.png"
+        assert png.stat().st_size > 1000, name
+        assert f"report/figures/{name}.png" in text, name
+    speed = json.loads((out / "report" / "speed.json").read_text())
+    assert speed["command"].startswith("python -m training.report --tiny") and speed["produced_at"]
+    assert {r["runtime"] for r in speed["result"]["rows"]} >= {"pytorch-eager-cpu", "onnxruntime-cpu"}
+    assert [r["batch"] for r in speed["result"]["rows"][:2]] == [1, 8]
+    perturbation = json.loads((out / "report" / "perturbation.json").read_text())["result"]
+    assert perturbation["model"] == str(zoo / "tiny") and perturbation["values"][0] == -0.25
+
+    capsys.readouterr()
+    stamps = {p.name: json.loads(p.read_text())["produced_at"] for p in (out / "report").glob("*.json")}
+    assert report.main([*argv, "--dry-run", "--reuse"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["sections"].values()) == {"reuse"}
+    (out / "REPORT.md").unlink()
+    assert report.main([*argv, "--reuse"]) == 0  # renders again from the saved results, runs nothing
+    assert stamps == {p.name: json.loads(p.read_text())["produced_at"] for p in (out / "report").glob("*.json")}
+    assert (out / "REPORT.md").read_text().count("**Not yet measured.**") == 1
+
+
+def test_service_section_renders_the_load_benchmarks_json(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    assert "**Not yet measured.**" in report.render_service(ctx)
+    ctx.results.mkdir(parents=True)
+    rows = {
+        "model": "m",
+        "raw": [{"batch": 1, "throughput": 1234.5, "p50_ms": 0.8}],
+        "http": [{"concurrency": 1, "throughput": 456.25, "p99_ms": 3.0}, {"concurrency": 64, "throughput": 900.0}],
+    }
+    (ctx.results / report.SERVICE_LOAD_FILE).write_text(json.dumps(rows))
+    text = report.render_service(ctx)
+    assert "| concurrency | throughput | p99_ms |" in text and "| 64 | 900.00 |  |" in text
+    assert "| 1 | 1,234.50 | 0.80 |" in text
+    assert "Peak resident memory of the service under load: **not yet measured**" in text
