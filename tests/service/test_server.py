@@ -121,6 +121,30 @@ def test_concurrent_burst_is_batched(server: tuple[str, subprocess.Popen[str]]) 
 
 
 @pytest.mark.slow
+def test_stock_triton_client_works_unchanged(server: tuple[str, subprocess.Popen[str]]) -> None:
+    httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
+    base, _ = server
+    client = httpclient.InferenceServerClient(url=base.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(TINY)
+    assert client.get_server_metadata()["name"] == "capsnet-serve"
+    metadata = client.get_model_metadata(TINY)
+    assert [o["name"] for o in metadata["outputs"]] == ["lengths", "poses", "reconstruction"]
+    images = np.random.default_rng(0).random((2, 1, 28, 28), dtype=np.float32)
+    results = {}
+    for binary in (True, False):  # the client's default (binary tensors), then JSON
+        tensor = httpclient.InferInput("image", list(images.shape), "FP32")
+        tensor.set_data_from_numpy(images, binary_data=binary)
+        outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("lengths", "poses")]
+        result = client.infer(TINY, inputs=[tensor], outputs=outputs, request_id="triton")
+        assert result.get_response()["id"] == "triton"
+        results[binary] = (result.as_numpy("lengths"), result.as_numpy("poses"))
+    assert results[True][0].shape == (2, 10) and results[True][1].shape == (2, 10, 8)
+    np.testing.assert_allclose(results[True][0], results[False][0], atol=1e-6)
+    np.testing.assert_allclose(results[True][1], results[False][1], atol=1e-6)
+    client.close()
+
+
+@pytest.mark.slow
 def test_sigterm_shuts_down_cleanly(server: tuple[str, subprocess.Popen[str]]) -> None:
     _, process = server
     process.send_signal(signal.SIGTERM)
