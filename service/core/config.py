@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -83,8 +82,3 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         default=20_000_000, ge=1, description="Largest decoded image (width × height), checked before decoding."
     )
-
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

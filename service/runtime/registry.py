@@ -7,6 +7,8 @@ import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 
+import onnxruntime as ort
+
 from service.core.config import Settings
 from service.core.errors import ModelNotFound, ModelNotReady
 from service.core.metrics import Metrics
@@ -54,6 +56,12 @@ class ModelRegistry:
             self.load_error = f"no model directories (with model.json) in {self.settings.model_repository}"
             logger.error(self.load_error)
         options = self.options
+        logger.info(
+            "execution provider %s (CAPSNET_PROVIDER; onnxruntime offers %s), %d intra-op threads",
+            options.provider,
+            ort.get_available_providers(),
+            options.intra_op_threads,
+        )
         for model in self.models.values():
             await loop.run_in_executor(None, model.load, options, self.executor)
             model.start()
