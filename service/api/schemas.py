@@ -15,12 +15,12 @@ EXAMPLE_PNG_B64 = (
 
 class ImageInput(BaseModel):
     """One image: encoded file bytes in base64 (PNG, JPEG, GIF, BMP, WebP; a `data:` URL works too),
-    or a 28×28 array of floats in [0, 1] (white digit on black, already MNIST-like: used as is)."""
+    or a 28×28 array of numbers in [0, 1] or 0–255 (white digit on black, already MNIST-like: used as is)."""
 
     model_config = ConfigDict(extra="forbid")
 
     data: str | None = Field(default=None, description="base64 of an image file, or a data: URL")
-    array: list[list[float]] | None = Field(default=None, description="rows of pixel values in [0, 1]")
+    array: list[list[float]] | None = Field(default=None, description="rows of pixel values in [0, 1] or 0–255")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ImageInput:

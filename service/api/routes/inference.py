@@ -2,6 +2,7 @@
 
 Every route exists twice: `/v1/models/{name}/<op>` and `/v1/<op>` (the default model).
 Options go in the query string; images in the body (multipart files or JSON, see `ImagesRequest`).
+(No `from __future__ import annotations` here: FastAPI must resolve the routes' annotations at runtime.)
 """
 
 from collections.abc import Awaitable, Callable
@@ -53,7 +54,7 @@ IMAGES_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "description": "Images as multipart file parts (any field name; PNG, JPEG, GIF, BMP, WebP), "
-        "or JSON with base64 data or raw 28×28 arrays in [0, 1].",
+        "or JSON with base64 data or raw 28×28 arrays (values in [0, 1] or 0–255, white digit on black).",
         "content": {
             "multipart/form-data": {
                 "schema": {

@@ -3,6 +3,7 @@
 Health answers 200 (true) or 400 (false) with an empty body; errors are `{"error": "<message>"}`.
 Tensors go as JSON (flat or nested, row-major), or with the binary tensor data extension
 (`Inference-Header-Content-Length`, as Triton's clients send by default).
+(No `from __future__ import annotations` here: FastAPI must resolve the routes' annotations at runtime.)
 """
 
 import json
