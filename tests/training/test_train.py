@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -93,18 +94,25 @@ def test_cli_dry_run_on_real_mnist(real_mnist: Path) -> None:
 def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> None:
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "training.train", "--data-dir", str(synthetic_mnist), "--out", str(out),
-         "--preset", "tiny", "--epochs", "1", "--batch-size", "8", "--device", "cpu"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "training.train", "--data-dir", str(synthetic_mnist), "--out", str(out),
+           "--preset", "tiny", "--epochs", "1", "--batch-size", "8", "--device", "cpu"]  # fmt: skip
+    # A session of its own, so a hung rendezvous cannot leave worker processes behind.
+    with subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail("two-process DDP run did not finish in 240 s")
+    assert proc.returncode == 0, stderr[-3000:]
     rows = (out / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 1  # only rank 0 writes
     row = json.loads(rows[0])
     assert row["epoch"] == 1
-    assert len(proc.stdout.strip().splitlines()) == 1  # only rank 0 prints the result
+    assert len(stdout.strip().splitlines()) == 1  # only rank 0 prints the result
     state = torch.load(out / "last.pt", weights_only=False)
     assert not any(k.startswith("module.") for k in state["model"])  # saved unwrapped, reloadable alone
 
