@@ -284,9 +284,13 @@ def _install(staging: Path, out_dir: Path) -> None:
     os.replace(staging / CARD_FILE, out_dir / CARD_FILE)
 
 
-def _check_request(name: str, opset: int) -> None:
+def _check_request(name: str, opset: int, out_dir: Path | str) -> None:
     if not NAME_PATTERN.fullmatch(name):
         raise ExportError(f"model name {name!r} is not URL-safe: use [a-z0-9][a-z0-9._-]*")
+    if Path(out_dir).name != name:
+        raise ExportError(
+            f"model name {name!r} differs from its directory name {Path(out_dir).name!r}; they must match"
+        )
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old: use {MIN_OPSET} or newer")
 
@@ -318,7 +322,7 @@ def export_module(
         metrics: merged into the card's `metrics` object (superseded by `evaluate_on`).
         evaluate_on: a split to evaluate the exported ONNX graph on with ONNX Runtime for the card's metrics.
     """
-    _check_request(name, opset)
+    _check_request(name, opset, out_dir)
     entry = get_architecture(arch)
     if entry.export is None:
         raise ExportError(
@@ -608,7 +612,7 @@ def export_checkpoint(
         data_dir: MNIST IDX directory (default: $CAPSNET_DATA_DIR); needed when `evaluate` is set.
     """
     name = name or Path(out_dir).resolve().name
-    _check_request(name, opset)
+    _check_request(name, opset, Path(out_dir).resolve())
     path = Path(checkpoint)
     model, arch, state = load_model(path)
     split = _test_split(data_dir, required=evaluate)
@@ -645,7 +649,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", metavar="CKPT", help="training checkpoint (.pt) written by capsnet-train")
     p.add_argument("--out", required=True, help="model directory to write, e.g. model/zoo/capsnet-mnist (required)")
-    p.add_argument("--name", default=None, help="model name, [a-z0-9][a-z0-9._-]* (default: the name of --out)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="model name, [a-z0-9][a-z0-9._-]*; must equal the name of --out (default: the name of --out)",
+    )
     p.add_argument("--version", default="1", help="model version written to the card (default: 1)")
     p.add_argument(
         "--data-dir",
@@ -681,11 +689,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
+    name = args.name or out.resolve().name
     try:
         with tempfile.TemporaryDirectory() as tmp:
             card = export_checkpoint(
-                args.checkpoint, Path(tmp) / "model" if args.dry_run else out,
-                name=args.name or out.resolve().name, data_dir=args.data_dir,
+                args.checkpoint, Path(tmp) / name if args.dry_run else out,
+                name=name, data_dir=args.data_dir,
                 evaluate=not (args.dry_run or args.no_evaluate), opset=args.opset,
                 torchscript=not args.no_torchscript, version=args.version, seed=args.seed,
             )  # fmt: skip

@@ -46,9 +46,11 @@ def read_card(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def check_model_dir(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check every file listed in the card against its recorded size and sha256; return the card."""
+    """Check the card's name and every file it lists against its recorded size and sha256; return the card."""
     root = Path(model_dir)
     card = read_card(root)
+    if card.get("name") != root.resolve().name:
+        raise ModelDirError(f"{root / CARD_FILE}: card name {card.get('name')!r} differs from its directory name")
     files: dict[str, dict[str, Any]] = card.get("files") or {}
     needed = ["capsnet.onnx"] + ([card["decoder"]["file"]] if card.get("decoder") else [])
     for name in needed:
@@ -58,6 +60,11 @@ def check_model_dir(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
         path = root / name
         if not path.is_file():
             raise ModelDirError(f"{path}: listed in the card but missing")
+        if path.stat().st_size != entry["bytes"]:
+            raise ModelDirError(
+                f"{path}: {path.stat().st_size} bytes, the card says {entry['bytes']}: "
+                "the file was altered after export; re-export it with capsnet-export"
+            )
         actual = sha256_file(path)
         if actual != entry["sha256"]:
             raise ModelDirError(

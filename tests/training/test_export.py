@@ -261,7 +261,7 @@ def test_a_model_without_decoder_exports_no_decoder_and_replaces_stale_files(
     shutil.copytree(exported[0], out)
     torch.manual_seed(1)
     model = CapsNet(CapsNetConfig.tiny(use_decoder=False))
-    card = export_module(model, "dynamic", model.cfg.to_dict(), out, name="no-decoder", torchscript=False)
+    card = export_module(model, "dynamic", model.cfg.to_dict(), out, name="tiny-capsnet", torchscript=False)
     assert card["decoder"] is None and [o["name"] for o in card["outputs"]] == ["lengths", "poses"]
     assert sorted(p.name for p in out.iterdir()) == ["capsnet.onnx", "model.json"], (
         "stale decoder.onnx and capsnet.ts go"
@@ -285,7 +285,11 @@ def test_bad_names_and_old_opsets_are_refused(
     tiny: CapsNet, tmp_path: Path, name: str, opset: int, message: str
 ) -> None:
     with pytest.raises(ExportError, match=message):
-        export_module(tiny, "dynamic", tiny.cfg.to_dict(), tmp_path / "m", name=name, opset=opset)
+        export_module(tiny, "dynamic", tiny.cfg.to_dict(), tmp_path / name, name=name, opset=opset)
+    with pytest.raises(
+        ExportError, match=r"model name 'tiny' differs from its directory name 'other'; they must match"
+    ):
+        export_module(tiny, "dynamic", tiny.cfg.to_dict(), tmp_path / "other", name="tiny")
 
 
 def test_verification_images_must_have_the_input_shape(tiny: CapsNet, tmp_path: Path) -> None:
@@ -349,6 +353,7 @@ def test_cli_dry_run_verifies_and_writes_nothing(
         (["missing.pt", "--out", "{tmp}/m"], "checkpoint missing.pt not found"),
         (["{ckpt}", "--out", "{tmp}/m", "--opset", "17"], "opset 17 is too old: use 18 or newer"),
         (["{ckpt}", "--out", "{tmp}/Bad Name"], "model name 'Bad Name' is not URL-safe"),
+        (["{ckpt}", "--out", "{tmp}/m", "--name", "n"], "model name 'n' differs from its directory name 'm'"),
         (["{ckpt}", "--out", "{tmp}/m"], "no MNIST test set to evaluate on: pass --data-dir"),
         (["{ckpt}", "--out", "{tmp}/m", "--data-dir", "{tmp}/nowhere"], "does not exist or is not a directory"),
     ],

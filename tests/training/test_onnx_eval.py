@@ -90,6 +90,9 @@ def test_a_corrupted_model_is_refused(model_dir: Path, synthetic_mnist: Path) ->
     (model_dir / "capsnet.onnx").write_bytes(bytes(data))
     with pytest.raises(ModelDirError, match=r"capsnet\.onnx: sha256 mismatch .* re-export it with capsnet-export"):
         evaluate_model_dir(model_dir, load_split(synthetic_mnist, "test"))
+    (model_dir / "capsnet.onnx").write_bytes(bytes(data[:-1]))
+    with pytest.raises(ModelDirError, match=r"capsnet\.onnx: \d+ bytes, the card says \d+: the file was altered"):
+        evaluate_model_dir(model_dir, load_split(synthetic_mnist, "test"))
 
 
 @pytest.mark.parametrize(
@@ -97,7 +100,8 @@ def test_a_corrupted_model_is_refused(model_dir: Path, synthetic_mnist: Path) ->
     [
         ("{not json", r"model\.json: cannot be read as JSON"),
         (json.dumps({"format_version": 2}), r"model\.json: card format_version 2, expected 1"),
-        (json.dumps({"format_version": 1, "files": {}}), r"card lists no entry for capsnet\.onnx"),
+        (json.dumps({"format_version": 1, "name": "bars", "files": {}}), r"card lists no entry for capsnet\.onnx"),
+        (json.dumps({"format_version": 1, "name": "other"}), r"card name 'other' differs from its directory name"),
     ],
 )
 def test_a_malformed_card_is_refused(model_dir: Path, card: str, message: str) -> None:
