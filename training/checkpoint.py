@@ -44,3 +44,11 @@ def load_model(
     model = arch.build(state["model_config"])
     model.load_state_dict(state["model"])
     return model.to(device).eval(), arch, state
+
+
+def training_command(argv: list[str]) -> list[str]:
+    """The command line as `capsnet-train …`: `python -m training.train` runs the same program."""
+    program = Path(argv[0]).name if argv else "capsnet-train"
+    if program in ("train.py", "__main__.py", "-m", "-c", ""):
+        program = "capsnet-train"
+    return [program, *argv[1:]]

@@ -124,3 +124,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but CUDA is not available")
     return torch.device(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

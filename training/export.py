@@ -34,7 +34,7 @@ from torch import nn
 
 from model.capsnet import count_parameters
 from training.architectures import ExportSpec, get_architecture
-from training.checkpoint import load_model
+from training.checkpoint import load_model, training_command
 from training.data import DATA_DIR_ENV, MNISTSplit, load_split, to_float
 from training.onnx_eval import (
     CARD_FILE,
@@ -581,6 +581,8 @@ def _test_split(data_dir: str | None, required: bool) -> MNISTSplit | None:
 
 def _training_info(checkpoint: Path, state: dict[str, Any]) -> dict[str, Any]:
     command = state.get("command")
+    if isinstance(command, list):
+        command = training_command(command)
     train_config = state.get("train_config") or {}
     return {
         "command": shlex.join(command) if isinstance(command, list) else command,

@@ -21,7 +21,7 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from training.architectures import ARCHITECTURES, get_architecture
-from training.checkpoint import load_checkpoint, save_checkpoint
+from training.checkpoint import load_checkpoint, save_checkpoint, training_command
 from training.data import IDXError, MNISTSplit, file_hashes, load_split
 from training.evaluate import evaluate_torch, resolve_device
 from training.generators import pad_split
@@ -165,7 +165,7 @@ class Trainer:
         self.epoch = 0
         self.best_test_error = math.inf
         self.history: list[dict[str, Any]] = []
-        self.command = [Path(sys.argv[0]).name, *sys.argv[1:]]
+        self.command = training_command(sys.argv)
         if resume:
             self._restore(resume)
         self.train_images = torch.from_numpy(self.train_split.images)

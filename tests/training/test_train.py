@@ -136,3 +136,18 @@ def test_evaluate_cli_errors_cleanly(synthetic_mnist: Path, tmp_path: Path, caps
     torch.save({"hello": 1}, bogus)
     assert evaluate.main(["--checkpoint", str(bogus), "--data-dir", str(synthetic_mnist)]) == 2
     assert "not a capsnet-serve checkpoint" in capsys.readouterr().err
+
+
+def test_recorded_command_names_the_console_script() -> None:
+    from training.checkpoint import training_command
+
+    assert training_command(["/repo/training/train.py", "--epochs", "3"]) == ["capsnet-train", "--epochs", "3"]
+    assert training_command(["/venv/bin/capsnet-train", "--seed", "1"]) == ["capsnet-train", "--seed", "1"]
+
+
+def test_evaluate_module_runs_as_a_script(synthetic_mnist: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.evaluate", "--checkpoint", "missing.pt", "--data-dir", str(synthetic_mnist)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "not found" in proc.stderr
