@@ -64,11 +64,17 @@ async def read_json(request: Request) -> Any:
         raise UnsupportedMediaType(
             f"unsupported content type {media_type(request) or '(none)'!r}; send application/json"
         )
-    body = await request.body()
+    return parse_json(await request.body())
+
+
+def parse_json(body: bytes) -> Any:
+    """JSON from the client: 400 for bytes that are not JSON, or JSON nested too deeply for the parser."""
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidInput(f"malformed JSON: {e}") from e
+    except RecursionError as e:
+        raise InvalidInput("malformed JSON: nested too deeply") from e
 
 
 def parse_model(cls: type[M], data: Any) -> M:

@@ -191,6 +191,13 @@ def test_infer_malformed_json_and_content_type(client: TestClient) -> None:
     assert v2_error(r) == (415, {"error": "unsupported content type 'text/csv'; send application/json"})
 
 
+def test_infer_json_nested_too_deeply(client: TestClient) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    body = b'{"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": ' + deep + b"}]}"
+    r = client.post(f"/v2/models/{TINY}/infer", content=body, headers={"content-type": "application/json"})
+    assert v2_error(r) == (400, {"error": "malformed JSON: nested too deeply"})
+
+
 def test_infer_binary_errors(client: TestClient) -> None:
     body, headers = binary_request(IMAGES)
     r = client.post(f"/v2/models/{TINY}/infer", content=body[:-4], headers=headers)

@@ -133,6 +133,14 @@ def test_malformed_json(client: TestClient) -> None:
     assert result(r) == error(400, "malformed JSON: Expecting value: line 1 column 13 (char 12)", "invalid_input")
 
 
+@pytest.mark.parametrize("path", ["/v1/classify", f"/v1/models/{TINY}/decode"])
+def test_json_nested_too_deeply(client: TestClient, path: str) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000  # deeper than the parser's recursion limit
+    r = client.post(path, content=b'{"images": ' + deep + b"}", headers={"content-type": "application/json"})
+    assert result(r) == error(400, "malformed JSON: nested too deeply", "invalid_input")
+    still_serving(client)
+
+
 def test_json_of_the_wrong_structure(client: TestClient) -> None:
     assert result(client.post("/v1/classify", json={"pictures": []})) == error(
         400, "invalid request body: images: Field required; pictures: Extra inputs are not permitted", "invalid_input"

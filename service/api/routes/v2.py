@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.api.deps import RegistryDep, SettingsDep
-from service.api.inputs import media_type, parse_model
+from service.api.inputs import media_type, parse_json, parse_model
 from service.api.schemas import (
     ErrorV2,
     InferenceRequest,
@@ -113,10 +113,7 @@ async def read_infer_body(request: Request) -> tuple[Any, bytes]:
         if not 0 <= n <= len(body):
             raise InvalidInput(f"{BINARY_HEADER} {header_length!r} is not a length within the {len(body)}-byte body")
         json_part, binary = body[:n], body[n:]
-    try:
-        return json.loads(json_part), binary
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidInput(f"malformed JSON: {e}") from e
+    return parse_json(json_part), binary
 
 
 def check_shape(card: ModelCard, tensor: RequestInput, settings: Settings) -> tuple[int, ...]:
