@@ -269,8 +269,10 @@ def test_bad_classify_options(client: TestClient, query: str, message: str) -> N
         ("reconstruct?class=-1", "query parameter 'class': Input should be greater than or equal to 0"),
         ("reconstruct?format=gif", "query parameter 'format': Input should be 'json' or 'png'"),
         ("perturb?low=0.3&high=0.1", "high (0.1) must not be below low (0.3)"),
-        ("perturb?step=0.001", "501 perturbation steps from -0.25 to 0.25 by 0.001; the limit is 41"),
+        ("perturb?step=0.001", "more than 41 perturbation steps from -0.25 to 0.25 by 0.001; the limit is 41"),
+        ("perturb?step=1e-320", "more than 41 perturbation steps from -0.25 to 0.25 by 9.99989e-321; the limit is 41"),
         ("perturb?step=0", "query parameter 'step': Input should be greater than 0"),
+        ("perturb?step=inf", "query parameter 'step': Input should be less than or equal to 20"),
     ],
 )
 def test_bad_reconstruction_options(client: TestClient, path: str, message: str) -> None:

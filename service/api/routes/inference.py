@@ -287,7 +287,7 @@ def add_inference_routes(
         class_index: ClassQuery = None,
         low: Annotated[float, Query(ge=-10, le=10, description="first value added to a dimension")] = -0.25,
         high: Annotated[float, Query(ge=-10, le=10, description="last value added to a dimension")] = 0.25,
-        step: Annotated[float, Query(gt=0, description="spacing of the added values")] = 0.05,
+        step: Annotated[float, Query(gt=0, le=20, description="spacing of the added values")] = 0.05,
         format: FormatQuery = "json",
     ) -> PerturbResponse | Response:
         """For one image, add each of `low, low+step, …, high` to each dimension of the class's pose in turn
@@ -343,11 +343,13 @@ def add_inference_routes(
 def perturbation_deltas(low: float, high: float, step: float) -> np.ndarray:
     if high < low:
         raise InvalidInput(f"high ({high:g}) must not be below low ({low:g})")
-    n = int(np.floor((high - low) / step + 1e-9)) + 1
-    if n > MAX_PERTURB_STEPS:
+    span = (high - low) / step  # inf for a subnormal step: compare before converting to int
+    if span + 1e-9 >= MAX_PERTURB_STEPS:
         raise InvalidInput(
-            f"{n} perturbation steps from {low:g} to {high:g} by {step:g}; the limit is {MAX_PERTURB_STEPS}"
+            f"more than {MAX_PERTURB_STEPS} perturbation steps from {low:g} to {high:g} by {step:g}; "
+            f"the limit is {MAX_PERTURB_STEPS}"
         )
+    n = int(np.floor(span + 1e-9)) + 1
     return (low + step * np.arange(n)).astype(np.float32)
 
 
