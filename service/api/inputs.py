@@ -13,6 +13,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
 from service.api.schemas import ImageInput, ImagesRequest, InputInfo
@@ -114,8 +115,9 @@ async def prepare_encoded(
 async def read_multipart(request: Request, settings: Settings) -> list[tuple[bytes, str | None]]:
     try:
         form = await request.form(max_files=1000, max_fields=1000, max_part_size=settings.max_body_bytes)
-    except MultiPartException as e:
-        raise InvalidInput(f"malformed multipart body: {e.message}") from e
+    except (MultiPartException, HTTPException) as e:  # Starlette turns MultiPartException into a 400 HTTPException
+        message = e.message if isinstance(e, MultiPartException) else e.detail
+        raise InvalidInput(f"malformed multipart body: {message}") from e
     files = []
     for key, value in form.multi_items():
         if not isinstance(value, UploadFile):

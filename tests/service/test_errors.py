@@ -213,6 +213,18 @@ def test_no_images(client: TestClient) -> None:
     assert result(r) == error(400, "no images in the request", "invalid_input")
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body", "message"),
+    [
+        ("multipart/form-data", b"x", "Missing boundary in multipart."),
+        ("multipart/form-data; boundary=abc", b"--abc\r\nno headers\r\n--abc--", "Invalid multipart data."),
+    ],
+)
+def test_malformed_multipart(client: TestClient, content_type: str, body: bytes, message: str) -> None:
+    r = client.post("/v1/classify", content=body, headers={"content-type": content_type})
+    assert result(r) == error(400, f"malformed multipart body: {message}", "invalid_input")
+
+
 def test_form_fields_are_refused(client: TestClient) -> None:
     r = client.post(
         "/v1/classify", data={"top_k": "3"}, files=[("files", ("a.png", png_bytes(digit_image()), "image/png"))]
