@@ -157,6 +157,31 @@ def test_binary_tensor_extension(client: TestClient, model_repository: Path) -> 
         ({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32"}]}, "input 'image' has no data"),
         ({"outputs": []}, "invalid request body: inputs: Field required"),
         (
+            infer_body(outputs=[{"name": "lengths"}, {"name": "lengths"}]),
+            "outputs ['lengths', 'lengths'] name a tensor more than once",
+        ),
+        (
+            infer_body(parameters={"binary_data_output": "false"}),
+            "request parameter 'binary_data_output' must be true or false, got 'false'",
+        ),
+        (
+            infer_body(outputs=[{"name": "lengths", "parameters": {"binary_data": 0}}]),
+            "output 'lengths' parameter 'binary_data' must be true or false, got 0",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "shape": [3, 1, 28, 28],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 9408.5},
+                    }
+                ]
+            },
+            "input 'image': parameter 'binary_data_size' must be an integer, got 9408.5",
+        ),
+        (
             {"inputs": [{"name": "image"}]},
             "invalid request body: inputs.0.shape: Field required; inputs.0.datatype: Field required",
         ),

@@ -143,6 +143,8 @@ def input_array(
     count = math.prod(shape)
     dtype = NUMPY_DATATYPES[card.input.datatype]
     size = (tensor.parameters or {}).get("binary_data_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
+        raise InvalidInput(f"input {tensor.name!r}: parameter 'binary_data_size' must be an integer, got {size!r}")
     if size is not None:
         if size != count * dtype.itemsize or offset + size > len(binary):
             raise InvalidInput(
@@ -163,6 +165,13 @@ def input_array(
     if not np.isfinite(array).all():
         raise InvalidInput(f"input {tensor.name!r} contains NaN or infinite values")
     return array.reshape(shape), offset
+
+
+def check_bool_parameter(parameters: dict[str, Any] | None, key: str, where: str) -> None:
+    """Parameters of the binary tensor data extension are booleans: the string "false" must not mean true."""
+    value = (parameters or {}).get(key)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidInput(f"{where} parameter {key!r} must be true or false, got {value!r}")
 
 
 def wants_binary(request_parameters: dict[str, Any] | None, output_parameters: dict[str, Any] | None) -> bool:
@@ -210,9 +219,14 @@ def check_request(card: ModelCard, req: InferenceRequest) -> None:
     if card.input.name not in names:
         raise InvalidInput(f"missing input {card.input.name!r} for model {card.name!r}")
     known = [o.name for o in card.outputs]
+    requested = [o.name for o in req.outputs or []]
+    if len(set(requested)) != len(requested):
+        raise InvalidInput(f"outputs {requested} name a tensor more than once")
     for output in req.outputs or []:
         if output.name not in known:
             raise InvalidInput(f"unknown output {output.name!r}; model {card.name!r} has outputs {known}")
+        check_bool_parameter(output.parameters, "binary_data", f"output {output.name!r}")
+    check_bool_parameter(req.parameters, "binary_data_output", "request")
 
 
 async def infer(request: Request, model: ServedModel, settings: Settings) -> Response:
