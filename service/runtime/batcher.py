@@ -149,10 +149,12 @@ class DynamicBatcher:
             return
         for r in live:
             self._m_queue.observe(started - r.enqueued)
-        names = live[0].inputs.keys()
-        inputs = {k: np.concatenate([r.inputs[k] for r in live]) if len(live) > 1 else live[0].inputs[k] for k in names}
         rows = sum(r.rows for r in live)
-        try:
+        try:  # anything that fails here fails this batch's callers only, never the worker
+            names = live[0].inputs.keys()
+            inputs = {
+                k: np.concatenate([r.inputs[k] for r in live]) if len(live) > 1 else live[0].inputs[k] for k in names
+            }
             outputs, seconds = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed_run, inputs)
         except Exception as e:
             logger.exception("batch of %d rows on %s/%s failed", rows, self.model, self.graph)

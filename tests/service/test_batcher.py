@@ -159,6 +159,17 @@ def test_a_failed_run_fails_its_callers_and_the_batcher_goes_on() -> None:
     run(scenario, model=FakeModel(fail_on=13))
 
 
+def test_a_batch_that_cannot_be_assembled_fails_only_its_callers() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        odd = {"x": np.zeros((1, 3), np.float32)}  # cannot be concatenated with the 1-D rows
+        with pytest.raises(ValueError, match="dimensions"):
+            await submit_while_blocked(batcher, fake, [rows(1), odd])
+        assert (await asyncio.wait_for(batcher.submit(rows(2)), 2))["y"].tolist() == [4.0]  # the worker lives on
+        assert batcher.depth == 0
+
+    run(scenario)
+
+
 def test_close_finishes_queued_work_then_refuses() -> None:
     async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
         fake.gate.clear()
