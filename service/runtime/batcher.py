@@ -87,7 +87,7 @@ class DynamicBatcher:
         self._wakeup.set()
         try:
             return await asyncio.wait_for(request.future, self.policy.timeout_s)
-        except TimeoutError as e:
+        except asyncio.TimeoutError as e:  # not the builtin TimeoutError before Python 3.11
             raise InferenceTimeout(
                 f"inference on model {self.model!r} did not finish within {self.policy.timeout_s:g} s"
             ) from e
@@ -138,7 +138,7 @@ class DynamicBatcher:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 return
             self._take(batch)
 
