@@ -10,9 +10,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.core.errors import PayloadTooLarge, error_body
 from service.core.metrics import Metrics
 
+# Label values come from this set: h11 (uvicorn without httptools) passes any token as a method.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+
 
 class MetricsMiddleware:
-    """Counts requests by route template (not raw path, to bound the label set), method and status."""
+    """Counts requests by route template (not raw path), method and status: labels a client cannot multiply."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
@@ -34,7 +37,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_with_status)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope["method"]
+            method = scope["method"] if scope["method"] in METHODS else "other"
             self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
             self.metrics.request_latency.labels(route=route, method=method).observe(time.perf_counter() - start)
 

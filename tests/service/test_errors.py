@@ -331,3 +331,16 @@ def test_decode_rejects_nan(client: TestClient) -> None:
 def test_unknown_route_and_method(client: TestClient) -> None:
     assert result(client.get("/v1/nothing")) == error(404, "no route GET /v1/nothing", "not_found")
     assert result(client.get("/v1/classify")) == error(405, "Method Not Allowed", "method_not_allowed")
+
+
+def test_metrics_labels_cannot_be_multiplied_by_clients(make_client: Any, model_repository: Path) -> None:
+    client = make_client(model_repository)
+    for i in range(3):
+        client.get(f"/random-{i}")
+        client.post(f"/v1/models/random-{i}/classify")
+        client.request(f"BREW{i}", "/v1/models")
+    text = client.get("/metrics").text
+    assert "random-" not in text and "BREW" not in text
+    assert 'capsnet_http_requests_total{method="GET",route="unmatched",status="404"} 3.0' in text
+    assert 'capsnet_http_requests_total{method="POST",route="/v1/models/{name}/classify",status="404"} 3.0' in text
+    assert 'capsnet_http_requests_total{method="other",route="/v1/models",status="405"} 3.0' in text
