@@ -17,6 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
+from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
 from service.api.middleware import BodyLimitMiddleware, MetricsMiddleware
@@ -26,6 +27,7 @@ from service.core.config import Settings
 from service.core.errors import install_error_handlers
 from service.core.metrics import Metrics
 from service.runtime.registry import ModelRegistry
+from service.runtime.repository import model_directories
 
 logger = logging.getLogger(__name__)
 
@@ -148,10 +150,17 @@ def main(argv: list[str] | None = None) -> None:
         "model_repository": args.model_repository,
         "log_level": args.log_level,
     }
-    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        sys.exit(f"capsnet-serve: invalid settings (CAPSNET_* variables or options): {problems}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not settings.model_repository.is_dir():
-        sys.exit(f"capsnet-serve: model repository {settings.model_repository} is not a directory")
+    try:
+        if not model_directories(settings.model_repository):
+            sys.exit(f"capsnet-serve: no model directories (with model.json) in {settings.model_repository}")
+    except OSError as e:
+        sys.exit(f"capsnet-serve: {e}")
     if args.dry_run:
         report = asyncio.run(_load_only(settings))
         print(json.dumps(report, indent=2))

@@ -66,15 +66,23 @@ def read_model_directory(path: Path) -> ModelDirectory:
     return ModelDirectory(card.name, path, card, raw)
 
 
-def scan_repository(root: Path) -> list[ModelDirectory]:
-    """Every sub-directory of `root` holding a card, sorted by name."""
+def model_directories(root: Path) -> list[Path]:
+    """The sub-directories of `root` that hold a card, sorted by name (nothing is read or verified)."""
     if not root.is_dir():
         raise FileNotFoundError(f"model repository {root} is not a directory")
     found = []
     for path in sorted(p for p in root.iterdir() if p.is_dir()):
-        if not (path / CARD_FILE).is_file():
+        if (path / CARD_FILE).is_file():
+            found.append(path)
+        else:
             logger.debug("skipping %s: no %s", path, CARD_FILE)
-            continue
+    return found
+
+
+def scan_repository(root: Path) -> list[ModelDirectory]:
+    """Every sub-directory of `root` holding a card, read and verified, sorted by name."""
+    found = []
+    for path in model_directories(root):
         entry = read_model_directory(path)
         if entry.error:
             logger.error("model %s in %s is broken: %s", entry.name, path, entry.error)

@@ -194,3 +194,18 @@ def test_missing_repository_exits_with_a_message(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert f"capsnet-serve: model repository {tmp_path / 'absent'} is not a directory" in result.stderr
+
+
+def test_empty_repository_and_bad_settings_exit_with_a_message(tmp_path: Path) -> None:
+    empty = subprocess.run(
+        [*serve_command(), "--model-repository", str(tmp_path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert empty.returncode == 1 and "Traceback" not in empty.stderr
+    assert f"capsnet-serve: no model directories (with model.json) in {tmp_path}" in empty.stderr
+    env = {**os.environ, "CAPSNET_INTRA_OP_THREADS": "many"}
+    bad = subprocess.run(
+        [*serve_command(), "--port", "99999"], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "capsnet-serve: invalid settings (CAPSNET_* variables or options): port: Input should be" in bad.stderr
+    assert "intra_op_threads: Input should be a valid integer" in bad.stderr
