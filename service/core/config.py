@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -14,9 +15,20 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_REPOSITORY = REPO_ROOT / "model" / "zoo"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
+logger = logging.getLogger(__name__)
+
 
 def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> float | None:
-    """CPUs the container may use by its CFS quota (cgroup v2 `cpu.max`, else v1 `cfs_quota_us`); None if unlimited."""
+    """CPUs the container may use by its CFS quota (cgroup v2 `cpu.max`, else v1 `cfs_quota_us`); None if unlimited
+    or unreadable (then the CPUs the process may run on decide)."""
+    try:
+        return _read_cpu_limit(root)
+    except (OSError, ValueError, ZeroDivisionError) as e:
+        logger.warning("ignoring the cgroup CPU quota under %s: %s", root, e)
+        return None
+
+
+def _read_cpu_limit(root: Path) -> float | None:
     v2 = root / "cpu.max"
     if v2.is_file():
         quota, _, period = v2.read_text().strip().partition(" ")

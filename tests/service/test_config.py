@@ -65,3 +65,9 @@ def test_threads_follow_the_quota_not_the_host(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     write(tmp_path / "cpu.max", "800000 100000\n")
     assert default_intra_op_threads(tmp_path) == 2  # never more than the CPUs it may run on
+
+
+@pytest.mark.parametrize("text", ["garbage\n", "abc 100000\n", "100000 0\n", "1.5e5 100000\n"])
+def test_unreadable_cgroup_quota_falls_back_to_the_cpus(tmp_path: Path, text: str) -> None:
+    write(tmp_path / "cpu.max", text)
+    assert cgroup_cpu_limit(tmp_path) is None
