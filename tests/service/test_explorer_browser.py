@@ -319,7 +319,7 @@ def test_uploading_an_mnist_digit_shows_its_class(tab: Tab, server: Server, real
 
 
 def save_readme_screenshot(path: Path) -> None:
-    """A small palette PNG of the screenshot, for docs/explorer.md."""
+    """A small palette PNG of the screenshot, for the README."""
     image = Image.open(path).convert("RGB")
     image.quantize(colors=128, dither=Image.Dither.NONE).save(README_SCREENSHOT, optimize=True)
 
