@@ -1,4 +1,4 @@
-"""Image input: decode untrusted uploads safely and turn them into MNIST-style 28×28 arrays."""
+"""Image input: decode untrusted uploads safely and turn them into MNIST-style arrays of the model's input size."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ _SIGNATURES = {
     b"BM": "BMP",
 }
 
-SIDE = 28  # MNIST canvas
-BOX = 20  # MNIST fits the digit's bounding box into 20×20 ...
-CENTRE = 14.0  # ... and puts its centre of mass here (index coordinates; the MNIST test set averages 13.99, 14.01)
+# MNIST fits the digit's bounding box into 20×20 of its 28×28 canvas and puts the centre of mass at the canvas
+# centre (14, 14) in index coordinates (the MNIST test set averages 13.99, 14.01); other sizes keep these proportions.
+BOX_FRACTION = (20, 28)
 WORK_SIDE = 1024  # larger images are box-reduced to about this before normalization
 MIN_CONTRAST = 0.1  # ink must stand this far above the background (in [0, 1]) or the image is blank
 NOISE_FLOOR = 0.1  # after stretching, anything fainter than this is background
@@ -62,7 +62,7 @@ class ImageDecodeError(ValueError):
 
 @dataclass
 class PreprocessResult:
-    """A model-ready image: ``array`` is float32 (28, 28) in [0, 1], white digit on black (the MNIST convention)."""
+    """A model-ready image: ``array`` is float32 (H, W) in [0, 1], white digit on black (the MNIST convention)."""
 
     array: np.ndarray
     inverted: bool
@@ -190,29 +190,41 @@ def _grayscale_from_unit(values: np.ndarray) -> Image.Image:
     return Image.fromarray(np.round(np.clip(values, 0.0, 1.0) * 255.0).astype(np.uint8))
 
 
-def preprocess(img: Image.Image, invert: bool | None = None, normalize: bool = True) -> PreprocessResult:
-    """Turn an image (any mode, any size) into the model's input: white digit on black, 28×28, in [0, 1].
+def preprocess(
+    img: Image.Image, size: tuple[int, int], invert: bool | None = None, normalize: bool = True
+) -> PreprocessResult:
+    """Turn an image (any mode, any size) into the model's input: white digit on black, ``size``, in [0, 1].
 
     Args:
         img: the picture, e.g. from ``decode_image``.
+        size: the output's (height, width): the model card's input shape without batch and channel.
         invert: True or False forces the polarity; None detects it. The background is what touches the border:
             the image is inverted when the median of its outermost ring of pixels is brighter than the midpoint
             between its darkest and brightest pixel (for a uniform image: brighter than mid-gray). Photos and
             drawings of dark digits on light paper are inverted; MNIST-like images are not.
-        normalize: True applies MNIST's normalization (see ``_normalize``); False only resizes to 28×28 (an
-            image that already is 28×28 is left untouched), for images that are already MNIST-like.
+        normalize: True applies MNIST's normalization (see ``_normalize``); False only resizes to ``size`` (an
+            image that already has that size is left untouched), for images that are already MNIST-like.
     """
+    height, width = size
+    if height < 1 or width < 1:
+        raise ValueError(f"size must be positive, got {size}")
     gray = _to_grayscale(img)
     if normalize and max(gray.size) > WORK_SIDE:
         gray = gray.reduce(math.ceil(max(gray.size) / WORK_SIDE))
-    elif not normalize and gray.size != (SIDE, SIDE):
-        gray = _resize(gray, (SIDE, SIDE))
+    elif not normalize and gray.size != (width, height):
+        gray = _resize(gray, (width, height))
     pixels = np.asarray(gray, dtype=np.float32) / 255.0
     inverted = _is_dark_on_light(pixels) if invert is None else invert
     if inverted:
         pixels = 1.0 - pixels
-    array = _normalize(pixels) if normalize else pixels
+    array = _normalize(pixels, (height, width)) if normalize else pixels
     return PreprocessResult(array=array.astype(np.float32), inverted=bool(inverted), normalized=normalize)
+
+
+def digit_box(size: tuple[int, int]) -> tuple[int, int]:
+    """The (height, width) the digit's bounding box is fitted into: MNIST's 20 of 28, scaled to ``size``."""
+    box, side = BOX_FRACTION
+    return max(1, round(size[0] * box / side)), max(1, round(size[1] * box / side))
 
 
 def _border(pixels: np.ndarray) -> np.ndarray:
@@ -225,34 +237,34 @@ def _is_dark_on_light(pixels: np.ndarray) -> bool:
     return background > (low + high) / 2 if high > low else background > 0.5
 
 
-def _normalize(pixels: np.ndarray) -> np.ndarray:
+def _normalize(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """MNIST's normalization of a white-on-black image (LeCun et al., the MNIST database):
 
     1. stretch: the background level (median of the border) goes to 0 and the brightest pixel to 1; what is
        fainter than NOISE_FLOOR is cleared. No ink (less than MIN_CONTRAST above the background) gives zeros.
     2. crop to the bounding box of the pixels brighter than BBOX_THRESHOLD (faint specks do not widen it);
-    3. scale (antialiased: area average to shrink, Lanczos to enlarge) so that the longer side is 20 px,
-       keeping the aspect ratio;
-    4. place in 28×28 so that the centre of mass lands on (14, 14), shifting by whole pixels and never
-       pushing the box off the canvas.
+    3. scale (antialiased: area average to shrink, Lanczos to enlarge) to fit ``digit_box(size)`` (20×20 for
+       28×28), keeping the aspect ratio;
+    4. place on a ``size`` canvas so that the centre of mass lands on its centre ((14, 14) for 28×28),
+       shifting by whole pixels and never pushing the box off the canvas.
     """
     background, peak = float(np.median(_border(pixels))), float(pixels.max())
     if peak - background < MIN_CONTRAST:
-        return np.zeros((SIDE, SIDE), dtype=np.float32)
+        return np.zeros(size, dtype=np.float32)
     stretched = np.clip((pixels - background) / (peak - background), 0.0, 1.0)
     stretched[stretched < NOISE_FLOOR] = 0.0
     rows, cols = np.nonzero(stretched > BBOX_THRESHOLD)
     crop = stretched[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
-    digit = _fit_box(crop)
+    digit = _fit_box(crop, digit_box(size))
     if not digit.any():  # a sliver that resampling erased
-        return np.zeros((SIDE, SIDE), dtype=np.float32)
-    return _centre_of_mass_placed(digit / digit.max())
+        return np.zeros(size, dtype=np.float32)
+    return _centre_of_mass_placed(digit / digit.max(), size)
 
 
-def _fit_box(crop: np.ndarray) -> np.ndarray:
-    """Scale so the longer side is BOX pixels, keeping the aspect ratio."""
+def _fit_box(crop: np.ndarray, box: tuple[int, int]) -> np.ndarray:
+    """Scale to the largest size that fits in ``box`` (height, width), keeping the aspect ratio."""
     height, width = crop.shape
-    scale = BOX / max(height, width)
+    scale = min(box[0] / height, box[1] / width)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
     resized = _resize(Image.fromarray(crop.astype(np.float32)), size)
     return np.clip(np.asarray(resized, dtype=np.float32), 0.0, 1.0)  # Lanczos rings slightly outside [0, 1]
@@ -264,14 +276,14 @@ def _resize(img: Image.Image, size: tuple[int, int]) -> Image.Image:
     return img.resize(size, Image.Resampling.BOX if shrinking else Image.Resampling.LANCZOS)
 
 
-def _centre_of_mass_placed(digit: np.ndarray) -> np.ndarray:
+def _centre_of_mass_placed(digit: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     height, width = digit.shape
     total = digit.sum()
     com_row = digit.sum(axis=1) @ np.arange(height) / total
     com_col = digit.sum(axis=0) @ np.arange(width) / total
-    top = int(np.clip(round(CENTRE - com_row), 0, SIDE - height))
-    left = int(np.clip(round(CENTRE - com_col), 0, SIDE - width))
-    canvas = np.zeros((SIDE, SIDE), dtype=np.float32)
+    top = int(np.clip(round(size[0] / 2 - com_row), 0, size[0] - height))
+    left = int(np.clip(round(size[1] / 2 - com_col), 0, size[1] - width))
+    canvas = np.zeros(size, dtype=np.float32)
     canvas[top : top + height, left : left + width] = digit
     return canvas
 
@@ -285,8 +297,8 @@ def array_to_png(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def array_from_pixels(values: object) -> np.ndarray:
-    """Validate raw pixels (a nested list or an array) as a float32 (28, 28) array in [0, 1].
+def array_from_pixels(values: object, size: tuple[int, int]) -> np.ndarray:
+    """Validate raw pixels (a nested list or an array) as a float32 array of ``size`` (height, width) in [0, 1].
 
     Values must be finite numbers in [0, 255]. If any value is above 1 the array is read on the 0–255 scale and
     divided by 255; otherwise it is already in [0, 1] (so a 0–255 image whose brightest pixel is 1 reads as
@@ -295,12 +307,13 @@ def array_from_pixels(values: object) -> np.ndarray:
     Raises:
         ImageDecodeError: 400, naming the problem (shape, non-numeric, NaN or infinite, out of range).
     """
+    expected = f"pixels must be a {size[0]}×{size[1]} array"
     try:
         array = np.asarray(values)
     except ValueError as e:  # ragged nesting
-        raise ImageDecodeError(400, f"pixels must be a {SIDE}×{SIDE} array: rows have different lengths") from e
-    if array.shape != (SIDE, SIDE):
-        raise ImageDecodeError(400, f"pixels must be a {SIDE}×{SIDE} array, got shape {list(array.shape)}")
+        raise ImageDecodeError(400, f"{expected}: rows have different lengths") from e
+    if array.shape != tuple(size):
+        raise ImageDecodeError(400, f"{expected}, got shape {list(array.shape)}")
     if array.dtype.kind not in "iuf":
         raise ImageDecodeError(400, f"pixels must be numbers, got {_kind_name(array)}")
     array = array.astype(np.float64)

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 DESCRIPTION = """Capsule Networks (Sabour et al. 2017; Hinton et al. 2018) served with ONNX Runtime.
 
 * **v1** — application API: classify, capsule poses, reconstructions, the pose-perturbation figure, and
-  decoding of edited poses. Images as multipart files or JSON (base64 or raw 28×28 arrays).
+  decoding of edited poses. Images as multipart files or JSON (base64 or raw arrays of the model's input size).
 * **v2** — the Open Inference Protocol (KServe v2) REST API, for stock clients.
 * Errors are JSON: `{"error": "...", "type": "..."}` under v1, `{"error": "..."}` under v2.
 """

@@ -96,17 +96,30 @@ def decode_base64(data: str, where: str) -> bytes:
         raise InvalidInput(f"{where}: malformed base64: {e}") from e
 
 
-def prepare_file(data: bytes, options: PreprocessOptions, limits: ImageLimits) -> tuple[np.ndarray, bool, bool]:
-    """Decode and preprocess one encoded image (CPU work: call in a thread)."""
-    result = preprocess(decode_image(data, limits), invert=options.invert, normalize=options.normalize)
+def prepare_file(
+    data: bytes, size: tuple[int, int], options: PreprocessOptions, limits: ImageLimits
+) -> tuple[np.ndarray, bool, bool]:
+    """Decode and preprocess one encoded image to ``size`` (height, width) (CPU work: call in a thread)."""
+    result = preprocess(decode_image(data, limits), size, invert=options.invert, normalize=options.normalize)
     return result.array, result.inverted, result.normalized
 
 
+@dataclass(frozen=True)
+class ImageTarget:
+    """What every image of a request becomes: the model's (height, width), prepared with these options."""
+
+    size: tuple[int, int]
+    options: PreprocessOptions
+    limits: ImageLimits
+
+
 async def prepare_encoded(
-    data: bytes, source: str, filename: str | None, where: str, options: PreprocessOptions, limits: ImageLimits
+    data: bytes, source: str, filename: str | None, where: str, target: ImageTarget
 ) -> tuple[np.ndarray, InputInfo]:
     try:
-        array, inverted, normalized = await run_in_threadpool(prepare_file, data, options, limits)
+        array, inverted, normalized = await run_in_threadpool(
+            prepare_file, data, target.size, target.options, target.limits
+        )
     except ImageDecodeError as e:
         raise image_error(e, where) from e
     return array, InputInfo(source=source, filename=filename, inverted=inverted, normalized=normalized)
@@ -140,15 +153,15 @@ def check_count(n: int, settings: Settings) -> None:
 
 
 def as_model_input(arrays: list[np.ndarray], card: ModelCard) -> np.ndarray:
-    batch = np.stack(arrays).astype(np.float32, copy=False)  # (N, 28, 28)
+    batch = np.stack(arrays).astype(np.float32, copy=False)  # (N, H, W)
     if batch[0].size != np.prod(card.image_shape):
         raise InvalidInput(f"model {card.name!r} expects images of shape {list(card.image_shape)}")
     return batch.reshape(len(arrays), *card.image_shape)
 
 
 async def read_images(request: Request, card: ModelCard, settings: Settings, options: PreprocessOptions) -> ImageBatch:
-    """All images of a v1 request, preprocessed into the model's input batch."""
-    limits = ImageLimits(max_pixels=settings.max_image_pixels)
+    """All images of a v1 request, preprocessed into the model's input batch (its size from the card)."""
+    target = ImageTarget(card.image_size, options, ImageLimits(max_pixels=settings.max_image_pixels))
     kind = media_type(request)
     arrays: list[np.ndarray] = []
     info: list[InputInfo] = []
@@ -156,14 +169,14 @@ async def read_images(request: Request, card: ModelCard, settings: Settings, opt
         files = await read_multipart(request, settings)
         check_count(len(files), settings)
         for i, (data, filename) in enumerate(files):
-            array, meta = await prepare_encoded(data, "file", filename, f"file {i} ({filename})", options, limits)
+            array, meta = await prepare_encoded(data, "file", filename, f"file {i} ({filename})", target)
             arrays.append(array)
             info.append(meta)
     elif kind == "application/json":
         body = parse_model(ImagesRequest, await read_json(request))
         check_count(len(body.images), settings)
         for i, image in enumerate(body.images):
-            array, meta = await read_json_image(image, f"images[{i}]", options, limits)
+            array, meta = await read_json_image(image, f"images[{i}]", target)
             arrays.append(array)
             info.append(meta)
     else:
@@ -171,13 +184,11 @@ async def read_images(request: Request, card: ModelCard, settings: Settings, opt
     return ImageBatch(as_model_input(arrays, card), info)
 
 
-async def read_json_image(
-    image: ImageInput, where: str, options: PreprocessOptions, limits: ImageLimits
-) -> tuple[np.ndarray, InputInfo]:
+async def read_json_image(image: ImageInput, where: str, target: ImageTarget) -> tuple[np.ndarray, InputInfo]:
     if image.data is not None:
-        return await prepare_encoded(decode_base64(image.data, where), "base64", None, where, options, limits)
+        return await prepare_encoded(decode_base64(image.data, where), "base64", None, where, target)
     try:
-        array = array_from_pixels(image.array)
+        array = array_from_pixels(image.array, target.size)
     except ImageDecodeError as e:
         raise image_error(e, f"{where}.array") from e
     return array, InputInfo(source="array", inverted=False, normalized=False)

@@ -15,7 +15,8 @@ EXAMPLE_PNG_B64 = (
 
 class ImageInput(BaseModel):
     """One image: encoded file bytes in base64 (PNG, JPEG, GIF, BMP, WebP; a `data:` URL works too),
-    or a 28×28 array of numbers in [0, 1] or 0–255 (white digit on black, already MNIST-like: used as is)."""
+    or an array of the model's input height × width (28×28 for MNIST) of numbers in [0, 1] or 0–255 (white digit
+    on black, already MNIST-like: used as is)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -71,8 +72,8 @@ class InputInfo(BaseModel):
     source: str = Field(description="file, base64 or array")
     filename: str | None = None
     inverted: bool = Field(description="whether the image was inverted to white-on-black")
-    normalized: bool = Field(description="whether MNIST normalization (20×20 box, centre of mass) was applied")
-    input: list[list[float]] | None = Field(default=None, description="the 28×28 array the model received")
+    normalized: bool = Field(description="whether MNIST normalization (20/28 box, centre of mass) was applied")
+    input: list[list[float]] | None = Field(default=None, description="the (height, width) array the model received")
 
 
 class Prediction(BaseModel):

@@ -82,8 +82,10 @@ class ModelCard(BaseModel):
     def _consistent(self) -> ModelCard:
         if self.format_version not in SUPPORTED_FORMAT_VERSIONS:
             raise ValueError(f"format_version {self.format_version} is not supported ({SUPPORTED_FORMAT_VERSIONS})")
-        if self.input.datatype != "FP32" or len(self.input.shape) < 2 or self.input.shape[0] != -1:
-            raise ValueError(f"input must be FP32 with a dynamic batch dimension, got {self.input}")
+        if self.input.datatype != "FP32" or len(self.input.shape) < 3 or self.input.shape[0] != -1:
+            raise ValueError(
+                f"input must be FP32 images with a dynamic batch dimension ([-1, C, H, W]), got {self.input}"
+            )
         if any(d < 1 for d in self.input.shape[1:]):
             raise ValueError(f"input dimensions after the batch must be fixed, got {self.input.shape}")
         roles = {o.role for o in self.outputs}
@@ -119,6 +121,12 @@ class ModelCard(BaseModel):
     def image_shape(self) -> tuple[int, ...]:
         """One image without the batch dimension, e.g. (1, 28, 28)."""
         return tuple(self.input.shape[1:])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """An image's (height, width): the last two dimensions of the input, e.g. (28, 28)."""
+        height, width = self.input.shape[-2:]
+        return height, width
 
     @property
     def pose_size(self) -> int:

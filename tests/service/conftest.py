@@ -22,6 +22,7 @@ from service.main import create_app
 TINY = "tiny"  # dynamic routing, with decoder
 NO_DECODER = "tiny-nodecoder"  # dynamic routing, use_decoder=False: the card's decoder is null
 EM_LIKE = "tiny-em"  # EM-shaped outputs: activations (N, 10), poses (N, 10, 4, 4), no decoder
+TINY_36 = "tiny-36"  # dynamic routing on 36×36 inputs: its card's input shape is [-1, 1, 36, 36]
 
 
 def export_tiny(out_dir: Path, name: str, **overrides: Any) -> None:
@@ -107,6 +108,14 @@ def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     export_tiny(root, TINY)
     export_tiny(root, NO_DECODER, use_decoder=False)
     write_em_like(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def sized_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-36 alone: a model whose input is not MNIST's 28×28."""
+    root = tmp_path_factory.mktemp("sized")
+    export_tiny(root, TINY_36, image_size=36)
     return root
 
 

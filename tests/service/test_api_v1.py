@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from service.imaging import ImageLimits, decode_image, preprocess
-from tests.service.conftest import EM_LIKE, NO_DECODER, TINY, digit_image, png_bytes
+from tests.service.conftest import EM_LIKE, NO_DECODER, TINY, TINY_36, digit_image, png_bytes
 
 ATOL = 1e-5
 
@@ -27,7 +27,7 @@ def run_graph(repository: Path, model: str, graph: str, inputs: dict[str, np.nda
 
 def model_input(png: bytes) -> np.ndarray:
     """What the service should feed the model for `png` with the default options."""
-    return preprocess(decode_image(png, ImageLimits(max_pixels=10**7))).array.reshape(1, 1, 28, 28)
+    return preprocess(decode_image(png, ImageLimits(max_pixels=10**7)), (28, 28)).array.reshape(1, 1, 28, 28)
 
 
 def array_body(*arrays: np.ndarray) -> dict[str, list[dict[str, list[list[float]]]]]:
@@ -249,6 +249,45 @@ def test_default_model_setting(make_client, model_repository: Path) -> None:  # 
     client = make_client(model_repository, default_model=EM_LIKE)
     assert client.get("/v1/models").json()["default_model"] == EM_LIKE
     assert client.post("/v1/classify", json=array_body(digit_image())).json()["model"] == EM_LIKE
+
+
+def test_image_size_comes_from_the_card(make_client, sized_repository: Path) -> None:  # type: ignore[no-untyped-def]
+    client = make_client(sized_repository)
+    card = client.get(f"/v1/models/{TINY_36}").json()["card"]
+    assert card["input"]["shape"] == [-1, 1, 36, 36]
+    png = png_bytes(digit_image(size=50))
+    r = client.post(f"/v1/models/{TINY_36}/classify?include_input=true", files={"f": ("seven.png", png, "image/png")})
+    assert r.status_code == 200, r.text
+    received = np.array(r.json()["predictions"][0]["preprocessing"]["input"])
+    assert received.shape == (36, 36)
+    expected = preprocess(decode_image(png, ImageLimits()), (36, 36)).array
+    np.testing.assert_allclose(received, expected, atol=1e-6)
+    direct = run_graph(sized_repository, TINY_36, "capsnet.onnx", {"image": expected.reshape(1, 1, 36, 36)})
+    np.testing.assert_allclose(r.json()["predictions"][0]["scores"], direct["lengths"][0], atol=ATOL)
+
+    raw = np.random.default_rng(0).random((36, 36))
+    r = client.post(f"/v1/models/{TINY_36}/classify", json={"images": [{"array": raw.tolist()}]})
+    assert r.status_code == 200, r.text
+    direct = run_graph(sized_repository, TINY_36, "capsnet.onnx", {"image": raw.reshape(1, 1, 36, 36).astype("f4")})
+    np.testing.assert_allclose(r.json()["predictions"][0]["scores"], direct["lengths"][0], atol=ATOL)
+
+    r = client.post(f"/v1/models/{TINY_36}/classify", json=array_body(digit_image()))
+    assert r.status_code == 400
+    assert r.json() == {
+        "error": "images[0].array: pixels must be a 36×36 array, got shape [28, 28]",
+        "type": "invalid_input",
+    }
+
+
+def test_reconstructions_have_the_cards_image_size(make_client, sized_repository: Path) -> None:  # type: ignore[no-untyped-def]
+    client = make_client(sized_repository)
+    files = {"f": ("seven.png", png_bytes(digit_image(size=36)), "image/png")}
+    recon = client.post(f"/v1/models/{TINY_36}/reconstruct", files=files).json()["reconstructions"][0]
+    assert np.array(recon["image"]).shape == (36, 36)
+    r = client.post(f"/v1/models/{TINY_36}/perturb?format=png", files=files)
+    assert r.status_code == 200, r.text
+    pose_size = client.get(f"/v1/models/{TINY_36}").json()["card"]["pose_shape"][0]
+    assert Image.open(io.BytesIO(r.content)).size == (11 * 36, pose_size * 36)
 
 
 def test_openapi_documents_every_route_with_examples(client: TestClient) -> None:

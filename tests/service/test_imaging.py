@@ -25,6 +25,7 @@ from service.imaging import (
 )
 
 LIMITS = ImageLimits()
+MNIST = (28, 28)  # the output size of a model whose card says [-1, 1, 28, 28]
 EXPECTED = "PNG, JPEG, GIF, BMP or WebP expected"
 
 
@@ -195,7 +196,7 @@ def test_numeric_modes_are_scaled_to_8_bit(mode: str, values: np.ndarray, expect
     canvas[[0, 0, -1, -1], [0, -1, 0, -1]] = values.ravel()
     img = Image.fromarray(canvas)
     assert img.mode == mode
-    result = preprocess(img, invert=False, normalize=False)  # 28×28 stays in place: read the corners back
+    result = preprocess(img, MNIST, invert=False, normalize=False)  # 28×28 stays in place: read the corners back
     corners = result.array[[0, 0, -1, -1], [0, -1, 0, -1]] * 255
     np.testing.assert_allclose(corners, np.array(expected).ravel(), atol=1e-3)
 
@@ -215,7 +216,7 @@ def test_exif_orientation_is_honoured() -> None:
     upright = np.rot90(stored, k=-1)
     assert np.abs(np.asarray(img, np.float64) - upright).mean() < 3
     assert np.asarray(img)[2, 36] > 200 and np.asarray(img)[2, 2] < 50  # the mark went to the top-right corner
-    top, bottom, left, right = ink_box(preprocess(img).array)
+    top, bottom, left, right = ink_box(preprocess(img, MNIST).array)
     assert bottom - top == 19 and right - left < 10  # the "1" stands upright
 
 
@@ -230,40 +231,40 @@ def photo_of(img: Image.Image, paper: int = 200, ink: int = 60, noise: float = 8
 
 
 def test_dark_digit_on_light_paper_is_inverted_automatically() -> None:
-    clean = preprocess(seven())
-    photo = preprocess(photo_of(seven()))
+    clean = preprocess(seven(), MNIST)
+    photo = preprocess(photo_of(seven()), MNIST)
     assert photo.inverted and not clean.inverted
     assert np.abs(photo.array - clean.array).mean() < 0.03
     assert photo.array[0].max() == 0 and photo.array.max() == pytest.approx(1.0)
 
 
 def test_faint_low_contrast_photo_is_stretched_to_full_range() -> None:
-    result = preprocess(photo_of(seven(), paper=140, ink=100, noise=2.0))
+    result = preprocess(photo_of(seven(), paper=140, ink=100, noise=2.0), MNIST)
     assert result.inverted
     assert result.array.max() == pytest.approx(1.0)
     assert ink_box(result.array)[1] - ink_box(result.array)[0] >= 17
 
 
 def test_mnist_like_image_is_not_inverted() -> None:
-    mnist_like = preprocess(seven((28, 28), width=3), normalize=False)
+    mnist_like = preprocess(seven((28, 28), width=3), MNIST, normalize=False)
     assert not mnist_like.inverted
 
 
 def test_digit_touching_the_border_does_not_flip_the_decision() -> None:
     img = Image.new("L", (40, 40), 0)
     ImageDraw.Draw(img).rectangle([18, 0, 22, 39], fill=255)  # a "1" from the top edge to the bottom edge
-    assert not preprocess(img).inverted
-    assert preprocess(Image.eval(img, lambda v: 255 - v)).inverted
+    assert not preprocess(img, MNIST).inverted
+    assert preprocess(Image.eval(img, lambda v: 255 - v), MNIST).inverted
 
 
 def test_inversion_can_be_forced_both_ways() -> None:
     mnist_like = seven((28, 28), width=3)
     pixels = np.asarray(mnist_like, np.float32) / 255
-    forced_on = preprocess(mnist_like, invert=True, normalize=False)
+    forced_on = preprocess(mnist_like, MNIST, invert=True, normalize=False)
     assert forced_on.inverted
     np.testing.assert_allclose(forced_on.array, 1 - pixels, atol=1e-6)
     dark_on_light = photo_of(mnist_like, noise=0)
-    forced_off = preprocess(dark_on_light, invert=False, normalize=False)
+    forced_off = preprocess(dark_on_light, MNIST, invert=False, normalize=False)
     assert not forced_off.inverted
     np.testing.assert_allclose(forced_off.array, np.asarray(dark_on_light, np.float32) / 255, atol=1e-6)
 
@@ -284,7 +285,7 @@ def test_bounding_box_is_fitted_into_20x20_keeping_aspect(
 ) -> None:
     img = Image.new("L", (200, 160), 0)
     ImageDraw.Draw(img).rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=255)
-    result = preprocess(img)
+    result = preprocess(img, MNIST)
     assert result.normalized and result.array.shape == (28, 28) and result.array.dtype == np.float32
     top, bottom, left, right = ink_box(result.array)
     assert (bottom - top + 1, right - left + 1) == expected_size
@@ -292,10 +293,37 @@ def test_bounding_box_is_fitted_into_20x20_keeping_aspect(
     assert abs(com_row - 14) <= 0.5 + 1e-3 and abs(com_col - 14) <= 0.5 + 1e-3
 
 
+@pytest.mark.parametrize(
+    ("size", "box"),
+    [((28, 28), (20, 20)), ((36, 36), (26, 26)), ((56, 56), (40, 40)), ((36, 28), (26, 20))],
+)
+def test_other_input_sizes_scale_mnist_box_and_centre(size: tuple[int, int], box: tuple[int, int]) -> None:
+    img = Image.new("L", (200, 160), 0)
+    ImageDraw.Draw(img).rectangle([40, 30, 139, 129], fill=255)  # a 100×100 square: fills the whole box
+    result = preprocess(img, size)
+    assert result.array.shape == size
+    top, bottom, left, right = ink_box(result.array)
+    side = min(box)  # a square keeps its aspect ratio: the box's shorter side limits it
+    assert (bottom - top + 1, right - left + 1) == (side, side)
+    com_row, com_col = centre_of_mass(result.array)
+    assert abs(com_row - size[0] / 2) <= 0.5 + 1e-3 and abs(com_col - size[1] / 2) <= 0.5 + 1e-3
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_output_has_the_requested_size_without_ink(normalize: bool) -> None:
+    assert preprocess(Image.new("L", (50, 40), 0), (36, 36), normalize=normalize).array.shape == (36, 36)
+
+
+def test_without_normalize_an_image_of_the_requested_size_is_untouched() -> None:
+    pixels = np.random.default_rng(0).integers(0, 255, (36, 36)).astype(np.uint8)
+    result = preprocess(Image.fromarray(pixels), (36, 36), invert=False, normalize=False)
+    np.testing.assert_allclose(result.array * 255, pixels, atol=1e-3)
+
+
 def test_off_centre_digit_is_moved_to_centre_of_mass() -> None:
     img = Image.new("L", (300, 300), 0)
     img.paste(seven((60, 80), width=9), (230, 10))
-    com_row, com_col = centre_of_mass(preprocess(img).array)
+    com_row, com_col = centre_of_mass(preprocess(img, MNIST).array)
     assert abs(com_row - 14) <= 0.5 and abs(com_col - 14) <= 0.5
 
 
@@ -304,7 +332,7 @@ def test_lopsided_digit_is_shifted_only_as_far_as_the_canvas_allows() -> None:
     draw = ImageDraw.Draw(img)
     draw.rectangle([0, 40, 29, 69], fill=255)  # heavy block on the left ...
     draw.rectangle([30, 54, 99, 55], fill=255)  # ... and a thin tail to the right
-    _top, _bottom, left, right = ink_box(preprocess(img).array, threshold=0.1)
+    _top, _bottom, left, right = ink_box(preprocess(img, MNIST).array, threshold=0.1)
     assert (left, right) == (8, 27)  # centring the mass would push the tail off the canvas
 
 
@@ -312,31 +340,31 @@ def test_faint_specks_do_not_widen_the_bounding_box() -> None:
     img = seven((120, 160)).copy()
     img.putpixel((2, 2), 40)
     img.putpixel((117, 157), 40)
-    np.testing.assert_allclose(preprocess(img).array, preprocess(seven((120, 160))).array, atol=1e-6)
+    np.testing.assert_allclose(preprocess(img, MNIST).array, preprocess(seven((120, 160)), MNIST).array, atol=1e-6)
 
 
 def test_large_photo_is_normalized() -> None:
     big = Image.new("L", (3000, 2000), 0)
     big.paste(seven((600, 800), width=70), (1200, 600))
-    result = preprocess(photo_of(big))
+    result = preprocess(photo_of(big), MNIST)
     assert result.inverted
-    assert np.abs(result.array - preprocess(big).array).mean() < 0.03
+    assert np.abs(result.array - preprocess(big, MNIST).array).mean() < 0.03
 
 
 def test_without_normalize_a_28x28_image_is_untouched() -> None:
     pixels = np.random.default_rng(0).integers(0, 40, (28, 28)).astype(np.uint8)
     pixels[5:20, 12:15] = 255
-    result = preprocess(Image.fromarray(pixels), normalize=False)
+    result = preprocess(Image.fromarray(pixels), MNIST, normalize=False)
     assert not result.normalized and not result.inverted
     np.testing.assert_array_equal(result.array, pixels.astype(np.float32) / 255)
 
 
 def test_without_normalize_other_sizes_are_resized_to_28x28() -> None:
     mnist_like = seven((28, 28), width=3)
-    result = preprocess(mnist_like.resize((84, 84), Image.Resampling.NEAREST), normalize=False)
+    result = preprocess(mnist_like.resize((84, 84), Image.Resampling.NEAREST), MNIST, normalize=False)
     assert result.array.shape == (28, 28) and not result.normalized
     np.testing.assert_allclose(result.array, np.asarray(mnist_like, np.float32) / 255, atol=1e-6)
-    enlarged = preprocess(mnist_like.resize((14, 14), Image.Resampling.BOX), normalize=False)
+    enlarged = preprocess(mnist_like.resize((14, 14), Image.Resampling.BOX), MNIST, normalize=False)
     assert enlarged.array.shape == (28, 28) and np.abs(enlarged.array - result.array).mean() < 0.1
 
 
@@ -344,7 +372,7 @@ def test_without_normalize_other_sizes_are_resized_to_28x28() -> None:
 @pytest.mark.parametrize("size", [(1, 1), (28, 28), (64, 48)])
 @pytest.mark.parametrize("normalize", [True, False])
 def test_blank_image_gives_zeros(value: int, size: tuple[int, int], normalize: bool) -> None:
-    result = preprocess(Image.new("L", size, value), normalize=normalize)
+    result = preprocess(Image.new("L", size, value), MNIST, normalize=normalize)
     assert result.array.shape == (28, 28) and np.isfinite(result.array).all()
     if normalize or value != 128:  # without normalization uniform mid-gray stays mid-gray
         assert not result.array.any()
@@ -352,7 +380,7 @@ def test_blank_image_gives_zeros(value: int, size: tuple[int, int], normalize: b
 
 def test_faint_noise_alone_is_blank() -> None:
     noise = np.random.default_rng(0).normal(200, 3, (50, 50))
-    result = preprocess(Image.fromarray(np.clip(noise, 0, 255).astype(np.uint8)))
+    result = preprocess(Image.fromarray(np.clip(noise, 0, 255).astype(np.uint8)), MNIST)
     assert not result.array.any()
 
 
@@ -459,7 +487,7 @@ def test_decode_error_is_a_value_error_with_a_status() -> None:
 
 def test_pixels_in_unit_range_are_kept() -> None:
     values = np.random.default_rng(0).random((28, 28))
-    array = array_from_pixels(values.tolist())
+    array = array_from_pixels(values.tolist(), MNIST)
     assert array.dtype == np.float32 and array.shape == (28, 28)
     np.testing.assert_allclose(array, values, rtol=1e-6)
 
@@ -467,8 +495,8 @@ def test_pixels_in_unit_range_are_kept() -> None:
 def test_pixels_above_one_are_read_as_0_to_255() -> None:
     values = np.random.default_rng(0).integers(0, 256, (28, 28))
     values[0, 0] = 255
-    np.testing.assert_allclose(array_from_pixels(values.tolist()), values / 255, rtol=1e-6)
-    np.testing.assert_allclose(array_from_pixels(values.astype(np.uint8)), values / 255, rtol=1e-6)
+    np.testing.assert_allclose(array_from_pixels(values.tolist(), MNIST), values / 255, rtol=1e-6)
+    np.testing.assert_allclose(array_from_pixels(values.astype(np.uint8), MNIST), values / 255, rtol=1e-6)
 
 
 def _grid(value: object) -> list[list[object]]:
@@ -496,8 +524,15 @@ def _grid(value: object) -> list[list[object]]:
 )
 def test_bad_pixels(values: object, message: str) -> None:
     with pytest.raises(ImageDecodeError) as caught:
-        array_from_pixels(values)
+        array_from_pixels(values, MNIST)
     assert (caught.value.status, str(caught.value)) == (400, message)
+
+
+def test_pixels_are_checked_against_the_requested_size() -> None:
+    assert array_from_pixels(np.zeros((36, 36)), (36, 36)).shape == (36, 36)
+    with pytest.raises(ImageDecodeError) as caught:
+        array_from_pixels(np.zeros((28, 28)), (36, 36))
+    assert (caught.value.status, str(caught.value)) == (400, "pixels must be a 36×36 array, got shape [28, 28]")
 
 
 def test_array_to_png_round_trip() -> None:
@@ -538,7 +573,7 @@ def test_real_mnist_digits_survive_png_decode_and_normalization(real_mnist: Path
     # a one-pixel shift where the centre of mass falls halfway between two pixels.
     differences = []
     for digit in mnist_test_images(real_mnist, 300).astype(np.float32) / 255:
-        result = preprocess(decode_image(array_to_png(digit), LIMITS))
+        result = preprocess(decode_image(array_to_png(digit), LIMITS), MNIST)
         assert not result.inverted
         differences.append(np.abs(result.array - digit).mean())
         shifted = min(
@@ -549,7 +584,7 @@ def test_real_mnist_digits_survive_png_decode_and_normalization(real_mnist: Path
         assert shifted < 0.01
         com_row, com_col = centre_of_mass(result.array)
         assert abs(com_row - 14) <= 0.55 and abs(com_col - 14) <= 0.55
-        dark_on_light = preprocess(decode_image(array_to_png(1 - digit), LIMITS))
+        dark_on_light = preprocess(decode_image(array_to_png(1 - digit), LIMITS), MNIST)
         assert dark_on_light.inverted
         np.testing.assert_allclose(dark_on_light.array, result.array, atol=1e-6)
     assert float(np.mean(differences)) < 0.01

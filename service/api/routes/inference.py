@@ -54,7 +54,8 @@ IMAGES_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "description": "Images as multipart file parts (any field name; PNG, JPEG, GIF, BMP, WebP), "
-        "or JSON with base64 data or raw 28×28 arrays (values in [0, 1] or 0–255, white digit on black).",
+        "or JSON with base64 data or raw arrays of the model's input size (its card's `input.shape`: 28×28 for "
+        "MNIST; values in [0, 1] or 0–255, white digit on black).",
         "content": {
             "multipart/form-data": {
                 "schema": {
@@ -83,7 +84,11 @@ async def preprocess_options(
         Invert, Query(description="auto: invert dark-on-light images (photos, drawings); true/false: force")
     ] = "auto",
     normalize: Annotated[
-        bool, Query(description="MNIST normalization: 20×20 box placed by centre of mass; false for MNIST-like images")
+        bool,
+        Query(
+            description="MNIST normalization: the digit fitted into 20/28 of the model's input size (20×20 in 28×28), "
+            "placed by centre of mass; false for MNIST-like images (only resized)"
+        ),
     ] = True,
 ) -> PreprocessOptions:
     return PreprocessOptions(INVERT_CHOICES[invert], normalize)
@@ -94,6 +99,9 @@ ClassQuery = Annotated[
     int | None, Query(alias="class", ge=0, description="class to decode; default: the predicted class")
 ]
 FormatQuery = Annotated[Format, Query(description="json: arrays in [0, 1]; png: a grayscale PNG")]
+IncludeInputQuery = Annotated[
+    bool, Query(description="also return the (height × width) array the model received, e.g. 28×28")
+]
 
 
 def rounded(a: np.ndarray) -> Any:
@@ -184,7 +192,7 @@ def add_inference_routes(
         settings: SettingsDep,
         options: OptionsDep,
         top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = 3,
-        include_input: Annotated[bool, Query(description="also return the 28×28 array the model received")] = False,
+        include_input: IncludeInputQuery = False,
     ) -> ClassifyResponse:
         """Per image: the predicted class and label, the per-class scores (capsule lengths, the paper's presence
         probabilities), `probabilities` = scores / sum(scores), and the top-k classes."""
@@ -211,7 +219,7 @@ def add_inference_routes(
         model: ModelDep,
         settings: SettingsDep,
         options: OptionsDep,
-        include_input: Annotated[bool, Query(description="also return the 28×28 array the model received")] = False,
+        include_input: IncludeInputQuery = False,
     ) -> CapsulesResponse:
         """Per image: every class's pose (10×16 for dynamic routing, 10×4×4 for EM), the scores, and the
         predicted class's pose as `predicted_pose`."""
@@ -292,7 +300,7 @@ def add_inference_routes(
     ) -> PerturbResponse | Response:
         """For one image, add each of `low, low+step, …, high` to each dimension of the class's pose in turn
         and decode: a grid with one row per dimension and one column per value (PNG: rows × columns of
-        28×28 tiles)."""
+        tiles of the model's image size)."""
         card = model.require_decoder()
         check_class(card, class_index)
         deltas = perturbation_deltas(low, high, step)

@@ -263,8 +263,9 @@ def add_model_routes(path: str, model_dep: Callable[..., Awaitable[ServedModel]]
         openapi_extra=INFER_BODY,
     )
     async def infer_route(request: Request, model: ModelDep, settings: SettingsDep) -> Response:
-        """Run the model on the `image` tensor (FP32, [N, 1, 28, 28], values in [0, 1]); `outputs` selects
-        the returned tensors (default: all); `id` is echoed."""
+        """Run the model on its input tensor (as the model metadata says: `image`, FP32, [N, 1, 28, 28] for
+        the bundled model, values in [0, 1]); `outputs` selects the returned tensors (default: all); `id` is
+        echoed."""
         return await infer(request, model, settings)
 
 
