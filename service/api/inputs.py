@@ -86,14 +86,38 @@ def parse_model(cls: type[M], data: Any) -> M:
 
 
 def decode_base64(data: str, where: str) -> bytes:
+    """The bytes of base64 text or of a base64 ``data:`` URL (RFC 2397).
+
+    Whitespace is ignored (``base64`` wraps its output at 76 columns) and missing ``=`` padding is restored.
+    A ``data:`` URL must name an image/* media type (415 otherwise; none means text/plain) and say ``;base64``.
+    """
     if data.startswith("data:"):
-        _, sep, data = data.partition(",")
-        if not sep:
-            raise InvalidInput(f"{where}: malformed data: URL (no comma)")
+        data = data_url_payload(data, where)
+    compact = "".join(data.split())
+    unpadded = compact.rstrip("=")
+    if len(unpadded) % 4 == 1:
+        raise InvalidInput(
+            f"{where}: malformed base64: {len(unpadded)} characters before the padding cannot encode whole bytes "
+            "(truncated?)"
+        )
     try:
-        return base64.b64decode(data, validate=True)
+        return base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
     except (binascii.Error, ValueError) as e:
         raise InvalidInput(f"{where}: malformed base64: {e}") from e
+
+
+def data_url_payload(url: str, where: str) -> str:
+    """The base64 text of ``data:<media type>[;<parameter>]*;base64,<data>``, its media type checked."""
+    header, comma, payload = url.partition(",")
+    if not comma:
+        raise InvalidInput(f"{where}: malformed data: URL (no comma)")
+    media, *parameters = header.removeprefix("data:").split(";")
+    media = media.strip().lower() or "text/plain"  # RFC 2397's default
+    if not media.startswith("image/"):
+        raise UnsupportedMediaType(f"{where}: data: URL has media type {media!r}; send an image (image/png, …)")
+    if "base64" not in (p.strip().lower() for p in parameters):
+        raise InvalidInput(f"{where}: only base64 data: URLs are accepted (data:{media};base64,…)")
+    return payload
 
 
 def prepare_file(

@@ -86,6 +86,26 @@ def test_classify_several_files_keeps_their_order(client: TestClient) -> None:
         np.testing.assert_allclose(joint["scores"], alone, atol=ATOL)
 
 
+def test_base64_wrapped_unpadded_or_in_a_data_url_with_parameters_is_accepted(client: TestClient) -> None:
+    png = png_bytes(digit_image())
+    encoded = base64.b64encode(png).decode()
+    wrapped = base64.encodebytes(png).decode()  # what `base64` prints: lines of 76 characters, a final newline
+    assert "\n" in wrapped.rstrip("\n") and encoded.endswith("=")
+    variants = [
+        encoded,
+        wrapped,
+        "\r\n".join(wrapped.splitlines()),
+        f"  {encoded[:10]}\t{encoded[10:]} ",
+        encoded.rstrip("="),
+        "data:image/png;base64," + wrapped,
+        "data:IMAGE/PNG;name=seven.png;BASE64," + encoded.rstrip("="),
+    ]
+    r = client.post("/v1/classify", json={"images": [{"data": v} for v in variants]})
+    assert r.status_code == 200, r.text
+    scores = [p["scores"] for p in r.json()["predictions"]]
+    assert all(s == scores[0] for s in scores)
+
+
 def test_classify_json_base64_data_url_and_array_agree(client: TestClient) -> None:
     png = png_bytes(digit_image())
     encoded = base64.b64encode(png).decode()

@@ -163,6 +163,65 @@ def test_malformed_base64(client: TestClient) -> None:
     assert result(r) == error(400, "images[0]: malformed data: URL (no comma)", "invalid_input")
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("ab!d", "images[0]: malformed base64: Only base64 data is allowed"),
+        (
+            "abcde",
+            "images[0]: malformed base64: 5 characters before the padding cannot encode whole bytes (truncated?)",
+        ),
+        ("QQ==QQ==", "images[0]: malformed base64: Excess data after padding"),
+        ("data:image/png;base64,ab!d", "images[0]: malformed base64: Only base64 data is allowed"),
+    ],
+)
+def test_malformed_base64_exact_messages(client: TestClient, data: str, message: str) -> None:
+    r = client.post("/v1/classify", json={"images": [{"data": data}]})
+    assert result(r) == error(400, message, "invalid_input")
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "message", "error_type"),
+    [
+        (
+            "data:text/plain;base64,aGVsbG8=",
+            415,
+            "images[0]: data: URL has media type 'text/plain'; send an image (image/png, …)",
+            "unsupported_media_type",
+        ),
+        (
+            "data:;base64,aGVsbG8=",  # no media type: RFC 2397 says text/plain
+            415,
+            "images[0]: data: URL has media type 'text/plain'; send an image (image/png, …)",
+            "unsupported_media_type",
+        ),
+        (
+            "data:application/pdf;base64,JVBERi0=",
+            415,
+            "images[0]: data: URL has media type 'application/pdf'; send an image (image/png, …)",
+            "unsupported_media_type",
+        ),
+        (
+            "data:image/png,%89PNG",
+            400,
+            "images[0]: only base64 data: URLs are accepted (data:image/png;base64,…)",
+            "invalid_input",
+        ),
+        (
+            "data:image/svg+xml;charset=utf-8,<svg/>",
+            400,
+            "images[0]: only base64 data: URLs are accepted (data:image/svg+xml;base64,…)",
+            "invalid_input",
+        ),
+    ],
+)
+def test_data_url_media_type_and_encoding(
+    client: TestClient, url: str, status: int, message: str, error_type: str
+) -> None:
+    r = client.post("/v1/classify", json={"images": [{"data": url}]})
+    assert result(r) == error(status, message, error_type)
+
+
 def test_base64_of_a_non_image(client: TestClient) -> None:
     r = client.post("/v1/classify", json={"images": [{"data": base64.b64encode(b"text").decode()}]})
     assert result(r) == error(
