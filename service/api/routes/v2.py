@@ -16,7 +16,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.api.deps import RegistryDep, SettingsDep
+from service.api.deps import RegistryDep, SettingsDep, named_model
 from service.api.inputs import media_type, parse_json, parse_model
 from service.api.schemas import (
     ErrorV2,
@@ -53,10 +53,6 @@ def server_version() -> str:
         return version("capsnet-serve")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-async def latest_model(registry: RegistryDep, name: Annotated[str, Path(description="model name")]) -> ServedModel:
-    return registry.get(name)
 
 
 async def versioned_model(
@@ -269,5 +265,5 @@ def add_model_routes(path: str, model_dep: Callable[..., Awaitable[ServedModel]]
         return await infer(request, model, settings)
 
 
-add_model_routes("/v2/models/{name}", latest_model, "")
+add_model_routes("/v2/models/{name}", named_model, "")
 add_model_routes("/v2/models/{name}/versions/{model_version}", versioned_model, "_versioned")
