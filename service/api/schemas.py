@@ -4,13 +4,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 # A 28×28 PNG of a vertical white bar (a "1"), for the OpenAPI examples.
 EXAMPLE_PNG_B64 = (
     "iVBORw0KGgoAAAANSUhEUgAAABwAAAAcCAAAAABXZoBIAAAAHElEQVR42mNgGGSAEYX3H1WACZ/OUcnhJTnoAADIzgEk"
     "QAMnJgAAAABJRU5ErkJggg=="
 )
+# Example responses are the bundled model's (10 classes, 16-D poses); image arrays are shortened to 4×4 (a real
+# one has the model's input height × width, 28×28 for MNIST).
+EXAMPLE_SCORES: list[JsonValue] = [0.01, 0.02, 0.03, 0.02, 0.01, 0.01, 0.0, 0.98, 0.02, 0.05]
+EXAMPLE_PROBABILITIES: list[JsonValue] = [0.01, 0.02, 0.026, 0.02, 0.01, 0.01, 0.0, 0.85, 0.02, 0.04]
+EXAMPLE_POSE: list[JsonValue] = [0.12, -0.05, 0.31, 0.02, -0.27, 0.08, 0.19, -0.11]
+EXAMPLE_POSE += [0.04, 0.22, -0.16, 0.07, 0.29, -0.03, 0.1, -0.2]  # 16 values: one per pose dimension
+EXAMPLE_ZERO_POSE: list[JsonValue] = [0.0] * 16
+EXAMPLE_IMAGE: list[JsonValue] = [
+    [0.0, 0.0, 0.0, 0.0],
+    [0.0, 0.91, 0.12, 0.0],
+    [0.0, 0.87, 0.09, 0.0],
+    [0.0, 0.0, 0.0, 0.0],
+]
+EXAMPLE_PREPROCESSING: dict[str, JsonValue] = {
+    "source": "file",
+    "filename": "seven.png",
+    "inverted": True,
+    "normalized": True,
+}
 
 
 class ImageInput(BaseModel):
@@ -103,15 +122,10 @@ class ClassifyResponse(BaseModel):
                             "predicted_class": 7,
                             "label": "7",
                             "score_kind": "capsule_length",
-                            "scores": [0.01, 0.02, 0.03, 0.02, 0.01, 0.01, 0.0, 0.98, 0.02, 0.05],
-                            "probabilities": [0.01, 0.02, 0.026, 0.02, 0.01, 0.01, 0.0, 0.85, 0.02, 0.04],
+                            "scores": EXAMPLE_SCORES,
+                            "probabilities": EXAMPLE_PROBABILITIES,
                             "top_k": [{"class": 7, "label": "7", "score": 0.98, "probability": 0.85}],
-                            "preprocessing": {
-                                "source": "file",
-                                "filename": "seven.png",
-                                "inverted": True,
-                                "normalized": True,
-                            },
+                            "preprocessing": EXAMPLE_PREPROCESSING,
                         }
                     ],
                 }
@@ -130,7 +144,32 @@ class CapsuleResult(Prediction):
 
 
 class CapsulesResponse(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
+    model_config = ConfigDict(
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "capsnet-mnist",
+                    "model_version": "1",
+                    "pose_shape": [16],
+                    "capsules": [
+                        {
+                            "index": 0,
+                            "predicted_class": 7,
+                            "label": "7",
+                            "score_kind": "capsule_length",
+                            "scores": EXAMPLE_SCORES,
+                            "probabilities": EXAMPLE_PROBABILITIES,
+                            "top_k": [{"class": 7, "label": "7", "score": 0.98, "probability": 0.85}],
+                            "preprocessing": EXAMPLE_PREPROCESSING,
+                            "poses": [EXAMPLE_POSE if c == 7 else EXAMPLE_ZERO_POSE for c in range(10)],
+                            "predicted_pose": EXAMPLE_POSE,
+                        }
+                    ],
+                }
+            ]
+        },
+    )
 
     model: str
     model_version: str
@@ -149,7 +188,20 @@ class Reconstruction(BaseModel):
 
 
 class ReconstructResponse(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
+    model_config = ConfigDict(
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "capsnet-mnist",
+                    "model_version": "1",
+                    "reconstructions": [
+                        {"index": 0, "class": 7, "label": "7", "predicted_class": 7, "image": EXAMPLE_IMAGE}
+                    ],
+                }
+            ]
+        },
+    )
 
     model: str
     model_version: str
@@ -157,7 +209,24 @@ class ReconstructResponse(BaseModel):
 
 
 class PerturbResponse(BaseModel):
-    model_config = ConfigDict(protected_namespaces=(), populate_by_name=True)
+    model_config = ConfigDict(
+        protected_namespaces=(),
+        populate_by_name=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "capsnet-mnist",
+                    "model_version": "1",
+                    "class": 7,
+                    "label": "7",
+                    "predicted_class": 7,
+                    "deltas": [-0.25, -0.2, -0.15, -0.1, -0.05, 0.0, 0.05, 0.1, 0.15, 0.2, 0.25],
+                    "pose": EXAMPLE_POSE,
+                    "images": [[EXAMPLE_IMAGE]],
+                }
+            ]
+        },
+    )
 
     model: str
     model_version: str
@@ -166,11 +235,16 @@ class PerturbResponse(BaseModel):
     predicted_class: int
     deltas: list[float] = Field(description="the values added to one pose dimension (grid columns)")
     pose: list[float] = Field(description="the class's pose, flattened (grid rows follow its dimensions)")
-    images: list[list[list[list[float]]]] = Field(description="(dimensions, deltas, height, width)")
+    images: list[list[list[list[float]]]] = Field(
+        description="(dimensions, deltas, height, width); the example shows one dimension and one delta"
+    )
 
 
 class DecodeResponse(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
+    model_config = ConfigDict(
+        protected_namespaces=(),
+        json_schema_extra={"examples": [{"model": "capsnet-mnist", "model_version": "1", "image": EXAMPLE_IMAGE}]},
+    )
 
     model: str
     model_version: str
@@ -194,6 +268,31 @@ class ModelSummary(BaseModel):
 
 
 class ModelList(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "default_model": "capsnet-mnist",
+                    "models": [
+                        {
+                            "name": "capsnet-mnist",
+                            "version": "1",
+                            "state": "ready",
+                            "ready": True,
+                            "error": None,
+                            "architecture": "dynamic",
+                            "description": "CapsNet with dynamic routing (Sabour et al. 2017) on MNIST",
+                            "classes": [str(c) for c in range(10)],
+                            "pose_shape": [16],
+                            "has_decoder": True,
+                            "execution_provider": "CPUExecutionProvider",
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
     default_model: str | None
     models: list[ModelSummary]
 
@@ -218,6 +317,25 @@ class ServerMetadata(BaseModel):
 
 
 class ModelMetadata(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "capsnet-mnist",
+                    "versions": ["1"],
+                    "platform": "onnxruntime_onnx",
+                    "inputs": [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 28, 28]}],
+                    "outputs": [
+                        {"name": "lengths", "datatype": "FP32", "shape": [-1, 10]},
+                        {"name": "poses", "datatype": "FP32", "shape": [-1, 10, 16]},
+                        {"name": "reconstruction", "datatype": "FP32", "shape": [-1, 1, 28, 28]},
+                    ],
+                    "parameters": {"execution_provider": "CPUExecutionProvider", "architecture": "dynamic"},
+                }
+            ]
+        }
+    )
+
     name: str
     versions: list[str]
     platform: str
@@ -267,7 +385,19 @@ class ResponseOutput(BaseModel):
 
 
 class InferenceResponse(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
+    model_config = ConfigDict(
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "model_name": "capsnet-mnist",
+                    "model_version": "1",
+                    "id": "42",
+                    "outputs": [{"name": "lengths", "shape": [1, 10], "datatype": "FP32", "data": EXAMPLE_SCORES}],
+                }
+            ]
+        },
+    )
 
     model_name: str
     model_version: str | None = None

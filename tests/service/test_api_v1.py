@@ -321,12 +321,58 @@ def test_openapi_documents_every_route_with_examples(client: TestClient) -> None
     assert set(body) == {"multipart/form-data", "application/json"}
     assert schema["components"]["schemas"]["ImagesRequest"]["examples"]
     assert schema["components"]["schemas"]["InferenceRequest"]["examples"]
+    for path in ("/v2/models/{name}", "/v2/models/{name}/ready", "/v2/models/{name}/versions/{model_version}/ready"):
+        listed = paths[path]["get"]["responses"]
+        assert "413" not in listed and "415" not in listed and "404" in listed, path  # GETs read no body or image
+    assert "content" not in paths["/v2/models/{name}/ready"]["get"]["responses"]["400"]  # not ready: empty body
+    assert {"413", "415"} <= set(paths["/v2/models/{name}/infer"]["post"]["responses"])
     for path, operations in paths.items():  # bad parameters are 400s (see test_errors), never FastAPI's 422
         for method, operation in operations.items():
             assert "422" not in operation["responses"], (method, path)
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     assert client.post("/v1/classify?top_k=x").status_code == 400
     assert client.get("/docs").status_code == 200
+
+
+def same_fields(example: object, real: object, where: str = "") -> None:
+    """The example has the real response's structure: no field the API does not send, and every field it
+    sends except the null ones (lists: compared by their first items)."""
+    if isinstance(real, dict):
+        assert isinstance(example, dict), where
+        assert set(example) <= set(real), (where, set(example) - set(real))
+        assert {k for k, v in real.items() if v is not None} <= set(example), (where, set(real) - set(example))
+        for key in example:
+            same_fields(example[key], real[key], f"{where}.{key}")
+    elif isinstance(real, list) and real and isinstance(real[0], dict | list):
+        assert isinstance(example, list) and example, where
+        same_fields(example[0], real[0], f"{where}[0]")
+
+
+def test_openapi_response_examples_match_the_responses(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    image = array_body(digit_image())
+    poses = client.post("/v1/capsules", json=image).json()["capsules"][0]["poses"]
+    v2_body = {
+        "id": "42",
+        "inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [0.0] * 784}],
+    }
+    real = {
+        "ModelList": client.get("/v1/models"),
+        "ClassifyResponse": client.post("/v1/classify", json=image),
+        "CapsulesResponse": client.post("/v1/capsules", json=image),
+        "ReconstructResponse": client.post("/v1/reconstruct", json=image),
+        "PerturbResponse": client.post("/v1/perturb", json=image),
+        "DecodeResponse": client.post("/v1/decode", json={"poses": poses, "class": 7}),
+        "ModelMetadata": client.get(f"/v2/models/{TINY}"),
+        "InferenceResponse": client.post(
+            f"/v2/models/{TINY}/infer", json={**v2_body, "outputs": [{"name": "lengths"}]}
+        ),
+    }
+    for name, response in real.items():
+        assert response.status_code == 200, (name, response.text)
+        examples = schemas[name]["examples"]
+        assert examples, name
+        same_fields(examples[0], response.json(), name)
 
 
 def test_index_page(client: TestClient) -> None:

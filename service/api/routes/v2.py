@@ -40,6 +40,13 @@ BINARY_HEADER = "inference-header-content-length"
 EXTENSIONS = ["binary_tensor_data"]
 NUMPY_DATATYPES = {"FP32": np.dtype("<f4")}
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorV2} for code in (400, 404, 413, 415, 503, 504)}
+# The GET routes read no body and no image: unknown model or version, or (metadata) a model not ready.
+METADATA_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorV2} for code in (404, 503)}
+READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "ready (empty body)"},
+    400: {"description": "not ready (empty body)"},
+    404: {"model": ErrorV2, "description": "unknown model or version"},
+}
 INFER_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -241,12 +248,14 @@ def add_model_routes(path: str, model_dep: Callable[..., Awaitable[ServedModel]]
     """Model ready, model metadata and inference under `path` (with or without `/versions/{model_version}`)."""
     ModelDep = Annotated[ServedModel, Depends(model_dep)]
 
-    @router.get(f"{path}/ready", operation_id=f"model_ready{suffix}", responses=ERRORS, response_class=Response)
+    @router.get(
+        f"{path}/ready", operation_id=f"model_ready{suffix}", responses=READY_RESPONSES, response_class=Response
+    )
     async def ready(model: ModelDep) -> Response:
         """Model ready: 200 (true) or 400 (false), empty body."""
         return Response(status_code=200 if model.ready else 400)
 
-    @router.get(path, operation_id=f"model_metadata{suffix}", responses=ERRORS)
+    @router.get(path, operation_id=f"model_metadata{suffix}", responses=METADATA_ERRORS)
     async def metadata(model: ModelDep) -> ModelMetadata:
         """Model metadata; `parameters.execution_provider` names the ONNX Runtime provider it runs on."""
         return model_metadata(model)
