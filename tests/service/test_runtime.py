@@ -24,7 +24,7 @@ def tiny_card(model_repository: Path) -> dict[str, Any]:
 
 def test_exported_card_parses(model_repository: Path) -> None:
     card = parse_card(tiny_card(model_repository))
-    assert card.image_shape == (1, 28, 28)
+    assert card.image_shape == (1, 28, 28) and card.image_size == (28, 28)
     assert card.pose_size == 8 and card.graph_files == ["capsnet.onnx", "decoder.onnx"]
 
 
@@ -36,6 +36,10 @@ def test_exported_card_parses(model_repository: Path) -> None:
         ({"pose_shape": [4, 4]}, "poses output shape [-1, 10, 8] != [-1, 10, *pose_shape [4, 4]]"),
         ({"classes": ["a", "b"]}, "scores output 'lengths' must have role 'scores' and shape [-1, 2]"),
         ({"name": "Bad Name"}, "name: String should match pattern"),
+        (
+            {"input": {"name": "image", "shape": [-1, 784], "datatype": "FP32"}},
+            "input must be FP32 images with a dynamic batch dimension ([-1, C, H, W])",
+        ),
     ],
 )
 def test_inconsistent_cards_are_rejected(model_repository: Path, change: dict[str, Any], message: str) -> None:
