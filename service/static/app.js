@@ -304,7 +304,7 @@
     $("recon-caption").textContent = "";
     const input = $("model-input").getContext("2d");
     input.fillStyle = "#000";
-    input.fillRect(0, 0, 28, 28);
+    input.fillRect(0, 0, input.canvas.width, input.canvas.height);
     const img = $("reconstruction");
     img.removeAttribute("src");
     if (state.reconUrl) URL.revokeObjectURL(state.reconUrl);
