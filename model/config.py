@@ -88,3 +88,75 @@ class CapsNetConfig:
 
 PRESETS: dict[str, Any] = {"paper": CapsNetConfig, "tiny": CapsNetConfig.tiny}
 
+
+@dataclass(frozen=True)
+class EMCapsNetConfig:
+    """Matrix capsules with EM routing, Hinton, Sabour & Frosst 2018 (§3, Figure 1), for 28x28 inputs.
+
+    The defaults are the paper's A = B = C = D = 32 network. Conv1 is padded by 2 so the grids are the
+    paper's 14 -> 6 -> 4 (it pads nothing on 32x32 smallNORB; 28x28 MNIST needs the padding).
+    """
+
+    in_channels: int = 1
+    image_size: int = 28
+    conv1_channels: int = 32  # A
+    conv1_kernel: int = 5
+    conv1_stride: int = 2
+    conv1_padding: int = 2
+    primary_types: int = 32  # B: capsule types in PrimaryCaps (1x1 convolution)
+    caps1_types: int = 32  # C: ConvCaps1
+    caps1_kernel: int = 3
+    caps1_stride: int = 2
+    caps2_types: int = 32  # D: ConvCaps2
+    caps2_kernel: int = 3
+    caps2_stride: int = 1
+    num_classes: int = 10
+    routing_iterations: int = 3
+    coordinate_addition: bool = True
+    final_inverse_temperature: float = 3.0  # λ of the last routing iteration (see docs/em-routing.md)
+    beta_u_init: float = 2.0  # ≈ -mean log σ at initialisation, so routed capsules start about half active
+    variance_floor: float = 1e-4  # added to every σ² so log σ and 1/σ² stay finite
+    max_logit: float = 20.0  # bound on the argument of every routed activation's logistic
+
+    def __post_init__(self) -> None:
+        if self.routing_iterations < 1:
+            raise ValueError(f"routing_iterations must be >= 1, got {self.routing_iterations}")
+        if self.variance_floor <= 0 or self.max_logit <= 0 or self.final_inverse_temperature <= 0:
+            raise ValueError("variance_floor, max_logit and final_inverse_temperature must be > 0")
+        if self.caps2_grid < 1:
+            raise ValueError(
+                f"image_size {self.image_size} is too small for the Conv1, ConvCaps1 and ConvCaps2 "
+                "kernels and strides (each grid must keep at least one position)"
+            )
+
+    @property
+    def primary_grid(self) -> int:
+        """Side of the Conv1 and PrimaryCaps grids (14 for 28x28)."""
+        return (self.image_size + 2 * self.conv1_padding - self.conv1_kernel) // self.conv1_stride + 1
+
+    @property
+    def caps1_grid(self) -> int:
+        """Side of the ConvCaps1 grid (6 for 28x28)."""
+        return (self.primary_grid - self.caps1_kernel) // self.caps1_stride + 1
+
+    @property
+    def caps2_grid(self) -> int:
+        """Side of the ConvCaps2 grid (4 for 28x28)."""
+        return (self.caps1_grid - self.caps2_kernel) // self.caps2_stride + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EMCapsNetConfig:
+        return cls(**d)
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> EMCapsNetConfig:
+        """A small configuration for fast tests (same topology and grids, far fewer capsule types)."""
+        base: dict[str, Any] = dict(conv1_channels=8, primary_types=4, caps1_types=4, caps2_types=4)
+        base.update(overrides)
+        return cls(**base)
+
+
+EM_PRESETS: dict[str, Any] = {"paper": EMCapsNetConfig, "tiny": EMCapsNetConfig.tiny}

@@ -27,3 +27,21 @@ def reconstruction_loss(reconstruction: torch.Tensor, images: torch.Tensor) -> t
     """Sum of squared pixel errors per image, averaged over the batch (§4.1)."""
     target = images.flatten(start_dim=1).to(reconstruction.dtype)
     return ((reconstruction - target) ** 2).sum(dim=1).mean()
+
+
+def spread_loss(activations: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:
+    """Spread loss, Hinton et al. 2018 eq. 3, summed over the wrong classes and averaged over the batch.
+
+    L = Σ_{i≠t} max(0, m - (a_t - a_i))^2
+    """
+    a_t = activations.gather(1, labels.view(-1, 1))  # (B, 1)
+    wrong = 1.0 - F.one_hot(labels, activations.shape[1]).to(activations.dtype)  # (B, K)
+    return (wrong * F.relu(margin - (a_t - activations)) ** 2).sum(dim=1).mean()
+
+
+def spread_margin(progress: float, start: float = 0.2, end: float = 0.9, ramp: float = 0.5) -> float:
+    """Margin of the spread loss at `progress` in [0, 1] of training (Hinton et al. 2018 §4: 0.2 rising to 0.9).
+
+    Linear from `start` to `end` over the first `ramp` of training, then held at `end`.
+    """
+    return start + (end - start) * min(max(progress / ramp, 0.0), 1.0)

@@ -15,8 +15,9 @@ from torch import nn
 
 from model.baseline import BASELINE_PRESETS, BaselineCNN, BaselineConfig
 from model.capsnet import CapsNet
-from model.config import CapsNetConfig
-from model.losses import margin_loss, reconstruction_loss
+from model.config import EM_PRESETS, CapsNetConfig, EMCapsNetConfig
+from model.em import EMCapsNet
+from model.losses import margin_loss, reconstruction_loss, spread_loss, spread_margin
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,43 @@ def _dynamic_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
     )
 
 
+def _em_config(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    if "routing" in clean:
+        raise ValueError(
+            f"--routing {clean['routing']} applies to --arch dynamic only; "
+            "arch 'em' has a single routing algorithm (--routing-iterations still applies)"
+        )
+    if preset not in EM_PRESETS:
+        raise ValueError(f"unknown preset {preset!r} for arch 'em' (choose paper or tiny)")
+    return cast(EMCapsNetConfig, EM_PRESETS[preset](**clean)).to_dict()
+
+
+def _em_loss(out: Any, images: torch.Tensor, labels: torch.Tensor, progress: float) -> LossParts:
+    margin = spread_margin(progress)  # 0.2 -> 0.9 over the first half of training, then held (docs/em-routing.md)
+    loss = spread_loss(out.activations.float(), labels, margin)
+    return LossParts(loss, {"spread_loss": loss, "spread_margin": torch.tensor(margin)})
+
+
+def _em_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
+    cfg = EMCapsNetConfig.from_dict(config)
+    return ExportSpec(
+        outputs=(
+            ExportOutput(
+                "activations", "scores", "class capsule activations a_j in (0, 1): the presence of each class"
+            ),
+            ExportOutput("poses", "poses", "class capsule 4x4 pose matrices M_j (the mean of each class's votes)"),
+        ),
+        forward=lambda m, images: tuple(m(images)),
+        decode=None,
+        routing={"algorithm": "em", "variant": None, "iterations": cfg.routing_iterations},
+        scores_kind="activation",
+        description=f"Matrix capsules with EM routing (Hinton et al. 2018; {cfg.routing_iterations} iterations) "
+        "for MNIST digits",
+        input_shape=(cfg.in_channels, cfg.image_size, cfg.image_size),
+    )
+
+
 def _baseline_config(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
     clean = {k: v for k, v in overrides.items() if v is not None}
     for key in ("routing", "routing_iterations"):
@@ -157,6 +195,15 @@ ARCHITECTURES: dict[str, Architecture] = {
         scores=lambda out: out.lengths,
         forward=lambda model, images, labels: model(images, labels),
         export=_dynamic_export,
+    ),
+    "em": Architecture(
+        name="em",
+        build=lambda cfg: EMCapsNet(EMCapsNetConfig.from_dict(cfg)),
+        make_config=_em_config,
+        loss=_em_loss,
+        scores=lambda out: out.activations,
+        forward=lambda model, images, labels: model(images, labels),
+        export=_em_export,
     ),
     "baseline": Architecture(
         name="baseline",

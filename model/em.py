@@ -1,0 +1,302 @@
+"""Matrix capsules with EM routing (Hinton, Sabour & Frosst 2018), written as static tensor code.
+
+Every capsule has a 4x4 pose matrix M and an activation a. A capsule layer turns the poses of its
+children i into votes V_ij = M_i W_ij for every parent j it can reach, then EM routing (Procedure 1)
+fits one Gaussian per parent to the votes, weighted by the child activations and the assignments R_ij.
+
+Convolutional layers route exactly: a child inside several overlapping receptive fields splits its
+vote among the parents of all those fields (R_ij sums to 1 over every parent the child reaches), not
+among the parents of each field separately. Both the gather of children into receptive fields and the
+normalisation over overlapping fields are Gather ops with constant indices, so the exported graph has
+static shapes apart from the batch and no Loop, If or Scan node.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import EMCapsNetConfig
+
+POSE = 4  # poses are POSE x POSE matrices
+H = POSE * POSE  # pose entries per capsule (h in the paper)
+EPS = 1e-6  # keeps the M-step's division by the assigned mass finite when a parent gets none
+PAD_LOGIT = -1e30  # log-assignment of the padding slot: exp() of it is 0, yet it stays finite
+
+
+def logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """log Σ exp(x) along `dim` with the max subtracted first; finite for any finite x."""
+    m = x.amax(dim=dim, keepdim=True).detach()
+    return (m + (x - m).exp().sum(dim=dim, keepdim=True).log()).squeeze(dim)
+
+
+def inverse_temperatures(iterations: int, final: float) -> list[float]:
+    """λ for each routing iteration t: final * (1 - 0.95^(t+1)) / (1 - 0.95^T).
+
+    The shape is the schedule the paper's authors gave on OpenReview, λ_t = λ_f (1 - 0.95^(t+1)),
+    rescaled so that the last iteration uses exactly `final` (0.35, 0.68, 1.0 of it for T = 3).
+    """
+    return [final * (1.0 - 0.95 ** (t + 1)) / (1.0 - 0.95**iterations) for t in range(iterations)]
+
+
+class RoutingGeometry(nn.Module):
+    """Which children each parent position sees, and which parent positions each child reaches.
+
+    Buffers (constants, rebuilt from the config, not saved in checkpoints):
+        window_index (P_out * KK,): child position of entry k of parent position p, row-major (p, k).
+        cover_index (P_in, max_cover): the (p, k) entries that hold child position q; padded with
+            P_out * KK, the index of a padding slot.
+        init_assignment (P_out, KK): R_ij before the first M-step, 1 / (number of parents of child i).
+    """
+
+    window_index: torch.Tensor
+    cover_index: torch.Tensor
+    init_assignment: torch.Tensor
+
+    def __init__(self, window: torch.Tensor, child_positions: int, child_types: int, parent_types: int) -> None:
+        super().__init__()
+        p_out, kk = window.shape
+        flat = window.flatten()
+        covers = [torch.nonzero(flat == q).flatten() for q in range(child_positions)]
+        counts = torch.tensor([len(c) for c in covers], dtype=torch.float32)  # (P_in,)
+        max_cover = max(1, int(counts.max()))
+        cover = torch.full((child_positions, max_cover), p_out * kk, dtype=torch.long)
+        for q, c in enumerate(covers):
+            cover[q, : len(c)] = c
+        self.register_buffer("window_index", flat, persistent=False)
+        self.register_buffer("cover_index", cover, persistent=False)
+        init = 1.0 / (counts[flat] * parent_types)  # every child in a window is covered at least once
+        self.register_buffer("init_assignment", init.reshape(p_out, kk), persistent=False)
+        # Mass a parent receives when every child is fully active and routes uniformly: the scale
+        # that makes the M-step cost comparable across layers with very different fan-in.
+        self.mass_per_parent = float((counts > 0).sum()) * child_types / (p_out * parent_types)
+        self.num_positions_out = p_out
+        self.kernel_entries = kk
+
+    @classmethod
+    def convolution(cls, grid: int, kernel: int, stride: int, child_types: int, parent_types: int) -> RoutingGeometry:
+        """A kernel x kernel window with the given stride over a grid x grid child layer (no padding)."""
+        out = (grid - kernel) // stride + 1
+        rows = (torch.arange(out) * stride).view(out, 1, 1, 1) + torch.arange(kernel).view(1, 1, kernel, 1)
+        cols = (torch.arange(out) * stride).view(1, out, 1, 1) + torch.arange(kernel).view(1, 1, 1, kernel)
+        window = (rows * grid + cols).reshape(out * out, kernel * kernel)  # (P_out, KK)
+        return cls(window, grid * grid, child_types, parent_types)
+
+    @classmethod
+    def dense(cls, child_positions: int, child_types: int, parent_types: int) -> RoutingGeometry:
+        """One parent position that sees every child position (the class capsules)."""
+        window = torch.arange(child_positions).view(1, child_positions)
+        return cls(window, child_positions, child_types, parent_types)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-position child tensor (B, P_in, ...) -> per-window (B, P_out, KK, ...)."""
+        g = x.index_select(1, self.window_index)  # (B, P_out * KK, ...)
+        return g.reshape(x.shape[0], self.num_positions_out, self.kernel_entries, *x.shape[2:])
+
+    def normalise(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-domain E-step normalisation: R_ij = exp(logit_ij) / Σ_{parents j' of child i} exp(logit_ij').
+
+        logits (B, P_out, C_out, KK * B_in) -> assignments R of the same shape, summing to 1 per child.
+        """
+        b, p_out, _, n = logits.shape
+        kk = self.kernel_entries
+        per_entry = logsumexp(logits, dim=2)  # (B, P_out, N): over the parent types at one position
+        per_entry = per_entry.reshape(b, p_out * kk, n // kk)  # (B, P_out*KK, B_in)
+        padded = F.pad(per_entry, (0, 0, 0, 1), value=PAD_LOGIT)  # (B, P_out*KK + 1, B_in)
+        per_child = logsumexp(padded[:, self.cover_index], dim=2)  # (B, P_in, B_in): over all positions
+        log_z = per_child.index_select(1, self.window_index).reshape(b, p_out, 1, n)  # (B, P_out, 1, N)
+        return (logits - log_z).exp()
+
+
+def m_step(
+    r: torch.Tensor,
+    a_in: torch.Tensor,
+    votes: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    lam: float,
+    mass_per_parent: float,
+    cfg: EMCapsNetConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Procedure 1, M-step: fit a Gaussian to each parent's weighted votes and compute its activation.
+
+    r (B|1, P, C, N), a_in (B, P, 1, N), votes (B, P, C, N, H) -> the activation logit (B, P, C, 1),
+    μ and σ² (B, P, C, 1, H), and the squared deviations (V - μ)² (B, P, C, N, H) the E-step reuses.
+    """
+    rw = r * a_in  # R_ij a_i: (B, P, C, N)
+    mass = rw.sum(dim=3, keepdim=True)  # Σ_i R_ij a_i: (B, P, C, 1)
+    w = (rw / (mass + EPS)).unsqueeze(3)  # normalised weights (B, P, C, 1, N)
+    mu = w @ votes  # μ_j^h (B, P, C, 1, H)
+    sq = (votes - mu) ** 2  # (B, P, C, N, H)
+    var = w @ sq + cfg.variance_floor  # (σ_j^h)², floored (B, P, C, 1, H)
+    # cost^h = (β_u + log σ^h) Σ_i R_ij a_i, with the mass scaled to be ~1 per parent and the cost
+    # averaged over h rather than summed (the factor 1/H is absorbed by λ and β_a).
+    log_sd = 0.5 * var.log().squeeze(3).mean(dim=-1, keepdim=True)  # mean_h log σ_j^h (B, P, C, 1)
+    cost = (mass / mass_per_parent) * (beta_u.view(1, 1, -1, 1) + log_sd)
+    logit = (lam * (beta_a.view(1, 1, -1, 1) - cost)).clamp(-cfg.max_logit, cfg.max_logit)  # a_j = sigmoid(logit)
+    return logit, mu, var, sq
+
+
+def e_step(logit: torch.Tensor, var: torch.Tensor, sq: torch.Tensor, geometry: RoutingGeometry) -> torch.Tensor:
+    """Procedure 1, E-step in the log domain: R_ij ∝ a_j p_j(V_ij), normalised over each child's parents.
+
+    log p_j drops the constant -H/2 log 2π, which cancels in the normalisation. Returns R (B, P, C, N).
+    """
+    log_p = -(sq @ (0.5 / var).transpose(-1, -2)).squeeze(-1) - 0.5 * var.log().sum(dim=-1)  # (B, P, C, N)
+    return geometry.normalise(F.logsigmoid(logit) + log_p)
+
+
+def em_routing(
+    votes: torch.Tensor,
+    activations: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    geometry: RoutingGeometry,
+    cfg: EMCapsNetConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """EM routing, Hinton et al. 2018 Procedure 1, unrolled over cfg.routing_iterations.
+
+    Args:
+        votes: V_ij (B, P_out, C_out, N, H), N = KK * B_in children per parent position.
+        activations: child activations a_i gathered per window, (B, P_out, N).
+        beta_u, beta_a: per parent type (C_out,).
+
+    Returns:
+        parent activations a_j (B, P_out, C_out) and poses μ_j (B, P_out, C_out, H).
+    """
+    a_in = activations.unsqueeze(2)  # (B, P, 1, N)
+    _, p, c, n, _ = votes.shape
+    r = geometry.init_assignment.reshape(1, p, 1, geometry.kernel_entries, 1)
+    r = r.expand(1, p, c, geometry.kernel_entries, n // geometry.kernel_entries).reshape(1, p, c, n)
+    lambdas = inverse_temperatures(cfg.routing_iterations, cfg.final_inverse_temperature)
+    for lam in lambdas[:-1]:
+        logit, _, var, sq = m_step(r, a_in, votes, beta_u, beta_a, lam, geometry.mass_per_parent, cfg)
+        r = e_step(logit, var, sq, geometry)
+    logit, mu, _, _ = m_step(r, a_in, votes, beta_u, beta_a, lambdas[-1], geometry.mass_per_parent, cfg)
+    return torch.sigmoid(logit).squeeze(-1), mu.squeeze(3)
+
+
+class PrimaryCaps(nn.Module):
+    """1x1 convolutions: B pose matrices and B logistic activations per position (§3, Figure 1)."""
+
+    def __init__(self, cfg: EMCapsNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.pose = nn.Conv2d(cfg.conv1_channels, cfg.primary_types * H, kernel_size=1)
+        self.activation = nn.Conv2d(cfg.conv1_channels, cfg.primary_types, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, A, G, G) -> poses (B, G*G, B_types, H) and activations (B, G*G, B_types)."""
+        b, types = x.shape[0], self.cfg.primary_types
+        pose = self.pose(x).reshape(b, types, H, -1).permute(0, 3, 1, 2)  # (B, G*G, types, H)
+        act = torch.sigmoid(self.activation(x)).reshape(b, types, -1).transpose(1, 2)  # (B, G*G, types)
+        return pose, act
+
+
+def transform(m: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Votes V_ij = M_i W_ij for every child entry and parent type, as one batched matmul per entry.
+
+    m: child poses per window (B, P, E, B_in, H); weight: W (C, E, B_in, 4, 4). Returns (B, P, C, E*B_in, H).
+    """
+    b, p, e, i, _ = m.shape
+    c, n = weight.shape[0], e * i
+    rows = m.reshape(b * p, n, POSE, POSE).transpose(0, 1).reshape(n, b * p * POSE, POSE)  # (N, B*P*4, 4)
+    w = weight.reshape(c, n, POSE, POSE).permute(1, 2, 0, 3).reshape(n, POSE, c * POSE)  # (N, 4, C*4)
+    v = (rows @ w).reshape(n, b, p, POSE, c, POSE)  # (N, B, P, 4, C, 4)
+    return v.permute(1, 2, 4, 0, 3, 5).reshape(b, p, c, n, H)
+
+
+class ConvCaps(nn.Module):
+    """Convolutional capsules: a transformation matrix per (kernel position, child type, parent type)."""
+
+    def __init__(
+        self, cfg: EMCapsNetConfig, grid: int, in_types: int, out_types: int, kernel: int, stride: int
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.geometry = RoutingGeometry.convolution(grid, kernel, stride, in_types, out_types)
+        # W (C_out, KK, B_in, 4, 4) ~ N(0, 1): at this scale a quarter to half of all capsules start active
+        self.weight = nn.Parameter(torch.randn(out_types, kernel * kernel, in_types, POSE, POSE))
+        self.beta_u = nn.Parameter(torch.full((out_types,), cfg.beta_u_init))
+        self.beta_a = nn.Parameter(torch.zeros(out_types))
+
+    def forward(self, pose: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, P_in, B_in, H), (B, P_in, B_in) -> poses (B, P_out, C_out, H), activations (B, P_out, C_out)."""
+        votes = transform(self.geometry.gather(pose), self.weight)  # (B, P_out, C_out, KK*B_in, H)
+        a = self.geometry.gather(act).flatten(2)  # (B, P_out, KK*B_in)
+        a_out, mu = em_routing(votes, a, self.beta_u, self.beta_a, self.geometry, self.cfg)
+        return mu, a_out
+
+
+def receptive_field_centres(cfg: EMCapsNetConfig) -> torch.Tensor:
+    """Centre of each ConvCaps2 row (or column) in the image, scaled to [0, 1]: (G2,)."""
+    c = torch.arange(cfg.caps2_grid, dtype=torch.float32)  # ConvCaps2 index
+    c = c * cfg.caps2_stride + (cfg.caps2_kernel - 1) / 2  # -> ConvCaps1 grid
+    c = c * cfg.caps1_stride + (cfg.caps1_kernel - 1) / 2  # -> PrimaryCaps / Conv1 grid
+    c = c * cfg.conv1_stride - cfg.conv1_padding + (cfg.conv1_kernel - 1) / 2  # -> input pixel index
+    return (c + 0.5) / cfg.image_size
+
+
+class ClassCaps(nn.Module):
+    """Class capsules: one matrix per (child type, class) shared over positions, plus Coordinate Addition."""
+
+    coordinates: torch.Tensor
+
+    def __init__(self, cfg: EMCapsNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        g, d = cfg.caps2_grid, cfg.caps2_types
+        self.geometry = RoutingGeometry.dense(g * g, d, cfg.num_classes)
+        self.weight = nn.Parameter(torch.randn(cfg.num_classes, 1, d, POSE, POSE))  # (K, 1, D, 4, 4)
+        self.beta_u = nn.Parameter(torch.full((cfg.num_classes,), cfg.beta_u_init))
+        self.beta_a = nn.Parameter(torch.zeros(cfg.num_classes))
+        # §3.1: the scaled (row, column) of each capsule's receptive-field centre is added to the first
+        # two entries of the right-hand column of its votes, i.e. to V[0, 3] and V[1, 3].
+        centre = receptive_field_centres(cfg)
+        coords = torch.zeros(g, g, d, POSE, POSE)
+        if cfg.coordinate_addition:
+            coords[..., 0, POSE - 1] = centre.view(g, 1, 1)
+            coords[..., 1, POSE - 1] = centre.view(1, g, 1)
+        self.register_buffer("coordinates", coords.reshape(1, 1, 1, g * g * d, H), persistent=False)
+
+    def forward(self, pose: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, P_in, D, H), (B, P_in, D) -> class poses (B, K, H) and activations (B, K)."""
+        b, p, d, _ = pose.shape
+        weight = self.weight.expand(-1, p, -1, -1, -1)  # shared over positions: (K, P_in, D, 4, 4)
+        v = transform(pose.unsqueeze(1), weight) + self.coordinates  # (B, 1, K, P_in*D, H)
+        a_out, mu = em_routing(v, act.reshape(b, 1, p * d), self.beta_u, self.beta_a, self.geometry, self.cfg)
+        return mu[:, 0], a_out[:, 0]
+
+
+class EMCapsNetOutput(NamedTuple):
+    activations: torch.Tensor  # (B, num_classes): class capsule activations, the class scores
+    poses: torch.Tensor  # (B, num_classes, 4, 4): class capsule pose matrices
+
+
+class EMCapsNet(nn.Module):
+    """Conv1 -> PrimaryCaps -> ConvCaps1 -> ConvCaps2 -> ClassCaps, Hinton et al. 2018 Figure 1."""
+
+    def __init__(self, cfg: EMCapsNetConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = c = cfg or EMCapsNetConfig()
+        self.conv1 = nn.Conv2d(
+            c.in_channels, c.conv1_channels, kernel_size=c.conv1_kernel, stride=c.conv1_stride, padding=c.conv1_padding
+        )
+        self.primary = PrimaryCaps(c)
+        self.caps1 = ConvCaps(c, c.primary_grid, c.primary_types, c.caps1_types, c.caps1_kernel, c.caps1_stride)
+        self.caps2 = ConvCaps(c, c.caps1_grid, c.caps1_types, c.caps2_types, c.caps2_kernel, c.caps2_stride)
+        self.classes = ClassCaps(c)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> EMCapsNetOutput:
+        """Images (B, C, H, W) -> class activations and poses. `labels` is unused (there is no decoder)."""
+        h = F.relu(self.conv1(x))  # (B, A, 14, 14)
+        # The capsule layers always run in float32: EM routing's sums and variances are not safe in bfloat16.
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            pose, act = self.primary(h.float())  # (B, 196, B, 16), (B, 196, B)
+            pose, act = self.caps1(pose, act)  # (B, 36, C, 16), (B, 36, C)
+            pose, act = self.caps2(pose, act)  # (B, 16, D, 16), (B, 16, D)
+            poses, activations = self.classes(pose, act)  # (B, K, 16), (B, K)
+        return EMCapsNetOutput(activations, poses.reshape(-1, self.cfg.num_classes, POSE, POSE))
