@@ -223,6 +223,17 @@ def start_server(repository: Path, port: int, env: dict[str, str]) -> subprocess
     raise TimeoutError("capsnet-serve did not become ready")
 
 
+def peak_rss_mib(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of a process, from /proc; None where /proc is not available."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def report(result: dict[str, Any]) -> str:
     raw: list[RawRow] = result["raw"]
     http: list[HttpRow] = result["http"]
@@ -263,6 +274,8 @@ def report(result: dict[str, Any]) -> str:
             f"concurrency 1: service p50 {one.p50_ms:.2f} ms vs raw batch-1 p50 {one.raw_batch1_p50_ms:.2f} ms: "
             f"{one.p50_ms - one.raw_batch1_p50_ms:+.2f} ms (target <= +1.5 ms)"
         )
+    if result.get("server_peak_rss_mib") is not None:
+        lines.append(f"service peak resident memory under this load: {result['server_peak_rss_mib']:.0f} MiB (VmHWM)")
     return "\n".join(lines)
 
 
@@ -362,6 +375,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"(raw alongside {row.raw_throughput:.1f} img/s)",
                 flush=True,
             )
+        result["server_peak_rss_mib"] = peak_rss_mib(server.pid)
     finally:
         server.terminate()
         server.wait(60)
