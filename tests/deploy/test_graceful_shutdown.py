@@ -8,9 +8,7 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.manifests import REPO_ROOT
+from tests.service.live_server import free_port, serve_command
 
 BURST = 24  # concurrent requests in flight when SIGTERM arrives
 # The batcher holds a batch open this long for more requests: the burst is still queued when SIGTERM lands,
@@ -38,17 +37,6 @@ class Outcome:
     status: int | None = None
     body: bytes = b""
     error: str | None = None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def server_command() -> list[str]:
-    script = Path(sys.executable).parent / "capsnet-serve"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "service.main"]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +67,7 @@ def server(repository: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[
         "CAPSNET_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S),
         "CAPSNET_WARMUP_RUNS": "1",
     }
-    command = [*server_command(), "--host", "127.0.0.1", "--port", str(port), "--model-repository", str(repository)]
+    command = [*serve_command(), "--host", "127.0.0.1", "--port", str(port), "--model-repository", str(repository)]
     with log.open("wb") as out:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

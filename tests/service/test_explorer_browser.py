@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,11 +22,10 @@ import pytest
 from PIL import Image
 
 from tests.service.conftest import EM_LIKE, TINY, export_tiny, write_em_like
-from tests.service.test_server import free_port, serve_command, wait_until_ready
+from tests.service.live_server import REPO_ROOT, running_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ZOO = REPO_ROOT / "model" / "zoo"
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 README_SCREENSHOT = REPO_ROOT / "docs" / "explorer.png"
@@ -86,19 +84,7 @@ def get_json(url: str) -> Any:
 @pytest.fixture(scope="module")
 def server(browser_repository: Path) -> Iterator[Server]:
     chromium_or_skip()
-    port = free_port()
-    env = {**os.environ, "CAPSNET_INTRA_OP_THREADS": "1", "CAPSNET_WARMUP_RUNS": "1", "CAPSNET_PROVIDER": "cpu"}
-    process = subprocess.Popen(
-        [*serve_command(), "--host", "127.0.0.1", "--port", str(port), "--model-repository", str(browser_repository)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(base, process)
+    with running_server(browser_repository, CAPSNET_PROVIDER="cpu") as (base, _):
         models = get_json(f"{base}/v1/models")
         trained = set()
         for m in models["models"]:
@@ -106,9 +92,6 @@ def server(browser_repository: Path) -> Iterator[Server]:
             if error is not None and error < TRAINED_MAX_ERROR:
                 trained.add(m["name"])
         yield Server(base, models, trained)
-    finally:
-        process.kill()
-        process.wait(10)
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,7 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,58 +16,15 @@ import numpy as np
 import pytest
 
 from tests.service.conftest import TINY, digit_image, png_bytes
+from tests.service.live_server import running_server, serve_command
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BURST = 96
-
-
-def serve_command() -> list[str]:
-    script = Path(sys.executable).with_name("capsnet-serve")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "service.main"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until_ready(base: str, process: subprocess.Popen[str], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"capsnet-serve exited with {process.returncode}: {process.stdout.read() if process.stdout else ''}"
-            )
-        try:
-            if httpx.get(f"{base}/health/ready", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError("capsnet-serve did not become ready")
 
 
 @pytest.fixture(scope="module")
 def server(model_repository: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    port = free_port()
-    env = {**os.environ, "CAPSNET_INTRA_OP_THREADS": "1", "CAPSNET_WARMUP_RUNS": "1", "CAPSNET_LOG_LEVEL": "info"}
-    process = subprocess.Popen(
-        [*serve_command(), "--host", "127.0.0.1", "--port", str(port), "--model-repository", str(model_repository)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(base, process)
-        yield base, process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
+    with running_server(model_repository, CAPSNET_LOG_LEVEL="info") as running:
+        yield running
 
 
 def batch_histogram(metrics: str, model: str, graph: str) -> dict[str, float]:
