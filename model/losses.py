@@ -13,11 +13,22 @@ def margin_loss(
     m_minus: float = 0.1,
     lam: float = 0.5,
 ) -> torch.Tensor:
-    """Margin loss, Sabour et al. 2017 eq. 4, summed over classes and averaged over the batch.
+    """Margin loss, Sabour et al. 2017 eq. 4, for one class per image (labels (B,))."""
+    return margin_loss_multi(lengths, F.one_hot(labels, lengths.shape[1]), m_plus, m_minus, lam)
 
-    L_k = T_k max(0, m+ - |v_k|)^2 + λ (1 - T_k) max(0, |v_k| - m-)^2
+
+def margin_loss_multi(
+    lengths: torch.Tensor,
+    targets: torch.Tensor,
+    m_plus: float = 0.9,
+    m_minus: float = 0.1,
+    lam: float = 0.5,
+) -> torch.Tensor:
+    """Margin loss, Sabour et al. 2017 eq. 4, with any number of present classes (multi-hot targets (B, K)).
+
+    L_k = T_k max(0, m+ - |v_k|)^2 + λ (1 - T_k) max(0, |v_k| - m-)^2, summed over classes, averaged over the batch.
     """
-    t = F.one_hot(labels, lengths.shape[1]).to(lengths.dtype)  # (B, K)
+    t = targets.to(lengths.dtype)  # (B, K)
     present = t * F.relu(m_plus - lengths) ** 2
     absent = lam * (1.0 - t) * F.relu(lengths - m_minus) ** 2
     return (present + absent).sum(dim=1).mean()

@@ -13,29 +13,12 @@ import torch.nn.functional as F
 
 from model.capsnet import CapsNet, capsule_length
 from model.config import CapsNetConfig
-from model.losses import reconstruction_loss
+from model.losses import margin_loss_multi, reconstruction_loss
 from training.architectures import RECONSTRUCTION_WEIGHT
 from training.data import MNISTSplit
 from training.generators import MULTIMNIST_CANVAS, MultiDigits, multimnist
 
 log = logging.getLogger(__name__)
-
-
-def margin_loss_multi(
-    lengths: torch.Tensor,
-    targets: torch.Tensor,
-    m_plus: float = 0.9,
-    m_minus: float = 0.1,
-    lam: float = 0.5,
-) -> torch.Tensor:
-    """Margin loss, Sabour et al. 2017 eq. 4, with any number of present classes (T_k from a multi-hot target).
-
-    lengths (B, K) and targets (B, K) in {0, 1} -> the loss summed over classes, averaged over the batch.
-    """
-    t = targets.to(lengths.dtype)
-    present = t * F.relu(m_plus - lengths) ** 2
-    absent = lam * (1.0 - t) * F.relu(lengths - m_minus) ** 2
-    return (present + absent).sum(dim=1).mean()
 
 
 def multi_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:

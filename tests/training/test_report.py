@@ -12,7 +12,7 @@ import torch
 
 from model.capsnet import CapsNet
 from model.config import CapsNetConfig
-from model.losses import margin_loss
+from model.losses import margin_loss, margin_loss_multi
 from training import report
 from training.checkpoint import save_checkpoint
 from training.data import load_split
@@ -20,7 +20,6 @@ from training.evaluate import resolve_device
 from training.generators import multimnist
 from training.multimnist import (
     evaluate_multimnist,
-    margin_loss_multi,
     multi_hot,
     multimnist_loss,
     reconstruct_each,
