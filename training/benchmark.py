@@ -20,10 +20,22 @@ from training.evaluate import resolve_device
 from training.train import TrainConfig, model_config_for
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo where there is one, else the platform's machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_description(device: torch.device) -> dict[str, str | int]:
     info: dict[str, str | int] = {
         "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": cpu_model(),
         "cpu_count": os.cpu_count() or 0,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
