@@ -34,6 +34,8 @@ def cut(x, depth=0):
             return [cut(v, depth + 1) for v in x]
         return [cut(v, depth + 1) for v in x[:4]] + ["…"]
     if isinstance(x, dict):
+        if "format_version" in x and "files" in x:  # a whole model card: its headline fields
+            x = {k: x[k] for k in ("name", "architecture", "routing", "parameters", "input", "metrics")} | {"…": "…"}
         return {k: cut(v, depth) for k, v in x.items()}
     return x
 text = sys.stdin.read()
@@ -55,6 +57,7 @@ exec >"$OUTPUT"
 MODEL=$(curl -s "$H/v1/models" | "$BIN/python" -c 'import json,sys; print(json.load(sys.stdin)["default_model"])')
 
 run curl -s "$H/v1/models"
+run curl -s "$H/v1/models/$MODEL"
 run curl -s -F files=@seven.png "'$H/v1/classify?top_k=3'"
 run curl -s -F files=@seven.png "$H/v1/capsules"
 run curl -s -F files=@seven.png "'$H/v1/reconstruct?class=7'"
@@ -78,6 +81,7 @@ json.dump(body, open(sys.argv[2], "w"))
 PY
 run curl -s -H "'content-type: application/json'" -d @infer.json "$H/v2/models/$MODEL/infer"
 run curl -s "$H/health/live"
+run curl -s "$H/health/ready"
 run "curl -s $H/metrics | grep -E '^capsnet_(batch_size_count|models_loaded|execution_provider_info)'"
 printf 'hello' >"$WORK/notes.txt"
 run curl -s -F files=@notes.txt "$H/v1/classify"
