@@ -154,7 +154,7 @@ async def classify_images(
     outputs = await model.infer(batch.array)
     if include_input:
         for info, image in zip(batch.info, batch.array, strict=True):
-            info.input = rounded(image.reshape(card.image_shape[-2:]))
+            info.input = rounded(image_2d(card, image))
     return card, batch.info, outputs
 
 
