@@ -268,3 +268,11 @@ def test_v2_not_found(client: TestClient, path: str, message: str) -> None:
     assert v2_error(client.get(path)) == (404, {"error": message})
     if "models" in path and not path.endswith("ready"):
         assert v2_error(client.post(f"{path}/infer", json=infer_body())) == (404, {"error": message})
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_infer_rejects_nan_and_infinity(client: TestClient, value: str) -> None:
+    data = ", ".join(["0.0"] * 783 + [value])
+    text = f'{{"inputs": [{{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [{data}]}}]}}'
+    r = client.post(f"/v2/models/{TINY}/infer", content=text, headers={"content-type": "application/json"})
+    assert v2_error(r) == (400, {"error": "input 'image' contains NaN or infinite values"})
