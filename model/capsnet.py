@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -11,6 +12,18 @@ from torch import nn
 from model.config import CapsNetConfig
 
 EPS = 1e-8
+
+
+def float32_region(t: torch.Tensor) -> contextlib.AbstractContextManager[object]:
+    """Turn autocast off for the capsule math (squash, routing, lengths, decoder) when it is on.
+
+    Under bfloat16 mixed precision only the two convolutions, nearly all of the FLOPs, run in bfloat16;
+    routing and the capsule lengths that the margin loss thresholds at 0.9 / 0.1 stay float32. Without
+    autocast (inference, export) this is a no-op and adds nothing to the traced graph.
+    """
+    if torch.is_autocast_enabled(t.device.type):
+        return torch.autocast(device_type=t.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def squash(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -77,6 +90,8 @@ class PrimaryCaps(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         u = self.conv(x)  # (B, types*dim, G, G)
+        if u.dtype != torch.float32:  # bfloat16 from the autocast convolution: capsules are float32
+            u = u.float()
         g = cfg.primary_grid
         u = u.reshape(-1, cfg.primary_types, cfg.primary_dim, g, g)  # (B, types, dim, G, G)
         u = u.permute(0, 1, 3, 4, 2).reshape(-1, cfg.num_primary, cfg.primary_dim)  # (B, N_in, dim)
@@ -140,7 +155,8 @@ class CapsNet(nn.Module):
         """Images (B, C, H, W) -> poses (B, N_out, D) and coupling coefficients (B, N_in, N_out)."""
         h = F.relu(self.conv1(x))  # (B, 256, 20, 20)
         u = self.primary(h)  # (B, 1152, 8)
-        return self.digit(u)  # (B, 10, 16), (B, 1152, 10)
+        with float32_region(u):
+            return self.digit(u)  # (B, 10, 16), (B, 1152, 10)
 
     def class_mask(self, classes: torch.Tensor) -> torch.Tensor:
         """Class indices (B,) -> one-hot mask (B, N_out)."""
@@ -159,11 +175,12 @@ class CapsNet(nn.Module):
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsNetOutput:
         """Mask with `labels` when given (training), else with the longest capsule (inference)."""
         poses, _ = self.encode(x)
-        lengths = capsule_length(poses)  # (B, N_out)
-        if self.decoder is None:
-            return CapsNetOutput(lengths, poses, x.new_zeros(x.shape[0], self.cfg.image_pixels))
-        classes = labels if labels is not None else lengths.argmax(dim=1)
-        return CapsNetOutput(lengths, poses, self.decode_class(poses, classes))
+        with float32_region(poses):
+            lengths = capsule_length(poses)  # (B, N_out)
+            if self.decoder is None:
+                return CapsNetOutput(lengths, poses, poses.new_zeros(x.shape[0], self.cfg.image_pixels))
+            classes = labels if labels is not None else lengths.argmax(dim=1)
+            return CapsNetOutput(lengths, poses, self.decode_class(poses, classes))
 
 
 def count_parameters(module: nn.Module) -> int:

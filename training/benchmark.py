@@ -17,7 +17,7 @@ import torch
 
 from training.architectures import get_architecture
 from training.evaluate import resolve_device
-from training.train import TrainConfig, model_config_for
+from training.train import TrainConfig, model_config_for, use_amp
 
 
 def cpu_model() -> str:
@@ -62,7 +62,7 @@ def time_training(cfg: TrainConfig, device: torch.device, steps: int, warmup: in
         if k == warmup:
             synchronize(device)
             start = time.perf_counter()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.amp and device.type == "cuda"):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp(cfg.amp, device)):
             out = arch.forward(model, images, labels)
         loss = arch.loss(out, images, labels, 0.0).total
         opt.zero_grad(set_to_none=True)
@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--batch-size", type=int, default=128, help="training batch size (default: 128)")
     p.add_argument("--train-steps", type=int, default=5, help="timed training steps (default: 5)")
-    p.add_argument("--amp", action="store_true", help="bfloat16 autocast on CUDA (default: off)")
+    p.add_argument(
+        "--amp", action="store_true", help="bfloat16 autocast on CUDA or a CPU with native bfloat16 (default: off)"
+    )
     p.add_argument("--seconds", type=float, default=3.0, help="time per inference measurement (default: 3)")
     args = p.parse_args(argv)
     device = resolve_device(args.device)

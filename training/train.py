@@ -43,7 +43,7 @@ class TrainConfig:
     canvas: int = 28  # digits centred on canvas x canvas; 40 with max_shift 6 is shifted MNIST on 40x40 (§5.2)
     seed: int = 0
     device: str = "auto"
-    amp: bool = False  # bfloat16 autocast, CUDA only
+    amp: bool = False  # bfloat16 autocast of the convolutions: CUDA, or a CPU with native bfloat16
     train_subset: int | None = None
     test_subset: int | None = None
     eval_batch_size: int = 500
@@ -141,6 +141,23 @@ def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def bf16_supported(device: torch.device) -> bool:
+    """Whether bfloat16 autocast is fast here: any CUDA device, or a CPU with AVX512-BF16 or AMX (oneDNN)."""
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu":
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
+def use_amp(requested: bool, device: torch.device) -> bool:
+    """`--amp` where it helps; on a CPU without native bfloat16 it would be slower, so warn and stay float32."""
+    if requested and not bf16_supported(device):
+        log.warning("--amp ignored: this %s has no native bfloat16 support; training in float32", device.type)
+        return False
+    return requested
+
+
 class Trainer:
     """Owns the model, optimizer and data for one run; `fit` trains to `cfg.epochs`."""
 
@@ -154,6 +171,7 @@ class Trainer:
         if self.device.type == "cuda" and self.info.world_size > 1:
             self.device = torch.device("cuda", self.info.local_rank)
         self.arch = get_architecture(cfg.arch)
+        self.amp = use_amp(cfg.amp, self.device)
         self.train_split: MNISTSplit = pad_split(load_split(data_dir, "train").subset(cfg.train_subset), cfg.canvas)
         self.test_split: MNISTSplit = pad_split(load_split(data_dir, "test").subset(cfg.test_subset), cfg.canvas)
         self.data_hashes = file_hashes(data_dir)
@@ -206,8 +224,7 @@ class Trainer:
         }
 
     def _autocast(self) -> Any:
-        enabled = self.cfg.amp and self.device.type == "cuda"
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
 
     def train_epoch(self) -> dict[str, float]:
         cfg, epoch = self.cfg, self.epoch
@@ -280,6 +297,7 @@ class Trainer:
                 "lr": lr,
                 "seconds": round(seconds, 2),
                 "images_per_second": round(stats["train_images"] / seconds, 1),
+                "precision": "bfloat16-mixed" if self.amp else "float32",
             }
             log.info("epoch %d: %s", self.epoch, json.dumps(row))
             if self.cfg.dry_run:
@@ -350,7 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
         "40x40, the affine experiment's training protocol (default: 28, no padding)",
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
-    p.add_argument("--amp", action="store_true", help="bfloat16 mixed precision on CUDA (default: off)")
+    p.add_argument(
+        "--amp",
+        action="store_true",
+        help="bfloat16 mixed precision for the convolutions on CUDA or on CPUs with AVX512-BF16/AMX; "
+        "capsule math stays float32 (default: off)",
+    )
     p.add_argument("--resume", default=None, metavar="CKPT", help="resume from a checkpoint (default: start fresh)")
     p.add_argument("--train-subset", type=int, default=None, help="train on the first N images only (default: all)")
     p.add_argument(

@@ -153,3 +153,20 @@ def test_both_variants_learn(variant: str) -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.6 * losses[0], losses
+
+
+def test_bfloat16_autocast_runs_the_convolutions_only() -> None:
+    """Mixed precision speeds up the convolutions; poses, lengths and reconstructions stay float32 and close."""
+    torch.manual_seed(0)
+    net = CapsNet(CapsNetConfig.tiny()).eval()
+    x = torch.rand(4, 1, 28, 28)
+    with torch.no_grad():
+        ref = net(x)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            mixed = net(x)
+            h = net.conv1(x)
+    assert h.dtype == torch.bfloat16  # the autocast really was on for the convolution
+    for name in ("lengths", "poses", "reconstruction"):
+        value = getattr(mixed, name)
+        assert value.dtype == torch.float32, name
+        torch.testing.assert_close(value, getattr(ref, name), atol=0.05, rtol=0.05)

@@ -151,3 +151,22 @@ def test_evaluate_module_runs_as_a_script(synthetic_mnist: Path) -> None:
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "not found" in proc.stderr
+
+
+def test_amp_on_cpu_uses_bfloat16_where_supported(synthetic_mnist: Path, tmp_path: Path) -> None:
+    """`--amp` trains with bfloat16 convolutions on a CPU that has them, and says so in metrics.jsonl."""
+    trainer = Trainer(TrainConfig(epochs=1, amp=True, **TINY), str(synthetic_mnist), tmp_path / "amp")  # type: ignore[arg-type]
+    assert trainer.amp == train.bf16_supported(torch.device("cpu"))
+    row = trainer.fit()[0]
+    assert row["precision"] == ("bfloat16-mixed" if trainer.amp else "float32")
+    assert row["train_loss"] == row["train_loss"]  # not NaN
+
+
+def test_amp_is_ignored_with_a_warning_without_native_bfloat16(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(train, "bf16_supported", lambda device: False)
+    with caplog.at_level("WARNING"):
+        assert train.use_amp(True, torch.device("cpu")) is False
+    assert "--amp ignored" in caplog.text
+    assert train.use_amp(False, torch.device("cpu")) is False
