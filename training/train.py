@@ -141,6 +141,16 @@ def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+EXIT_UNFINISHED = 3  # --max-minutes stopped the run before --epochs; resume it
+
+
+def within_budget(deadline: float | None, last_epoch_seconds: float | None) -> bool:
+    """Whether another epoch fits before `deadline` (time.monotonic()), judged by the last one's duration."""
+    if deadline is None or last_epoch_seconds is None:
+        return True
+    return time.monotonic() + last_epoch_seconds <= deadline
+
+
 def bf16_supported(device: torch.device) -> bool:
     """Whether bfloat16 autocast is fast here: any CUDA device, or a CPU with AVX512-BF16 or AMX (oneDNN)."""
     if device.type == "cuda":
@@ -277,8 +287,30 @@ class Trainer:
         values = t.tolist()
         return dict(zip(keys, values[: len(keys)], strict=True)), int(values[-2]), int(values[-1])
 
-    def fit(self) -> list[dict[str, Any]]:
+    @property
+    def finished(self) -> bool:
+        return self.epoch >= self.cfg.epochs
+
+    def _all_agree(self, flag: bool) -> bool:
+        """True only if every process says so (DDP ranks must stop at the same epoch or they hang)."""
+        if self.info.world_size == 1:
+            return flag
+        t = torch.tensor([1 if flag else 0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def fit(self, deadline: float | None = None) -> list[dict[str, Any]]:
+        """Train to `cfg.epochs`, or until `deadline` (a time.monotonic() value) would be overrun.
+
+        No epoch is started that would end past the deadline, judged by the last epoch's duration; the
+        first epoch of a call always runs. Every epoch ends with last.pt written, so a stopped run
+        continues with `resume=<out>/last.pt` (`finished` says whether it reached `cfg.epochs`).
+        """
+        last_seconds: float | None = None
         while self.epoch < self.cfg.epochs:
+            if not self._all_agree(within_budget(deadline, last_seconds)):
+                log.info("time budget: stopping after epoch %d of %d", self.epoch, self.cfg.epochs)
+                break
             lr = self.optimizer.param_groups[0]["lr"]
             start = time.perf_counter()
             stats = self.train_epoch()
@@ -299,6 +331,7 @@ class Trainer:
                 "images_per_second": round(stats["train_images"] / seconds, 1),
                 "precision": "bfloat16-mixed" if self.amp else "float32",
             }
+            last_seconds = time.perf_counter() - start
             log.info("epoch %d: %s", self.epoch, json.dumps(row))
             if self.cfg.dry_run:
                 self.history.append(row)
@@ -374,6 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="bfloat16 mixed precision for the convolutions on CUDA or on CPUs with AVX512-BF16/AMX; "
         "capsule math stays float32 (default: off)",
     )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="time budget: start no epoch that would end past it (judged by the last epoch), then exit 3 "
+        "with last.pt written; continue with --resume (default: none)",
+    )
     p.add_argument("--resume", default=None, metavar="CKPT", help="resume from a checkpoint (default: start fresh)")
     p.add_argument("--train-subset", type=int, default=None, help="train on the first N images only (default: all)")
     p.add_argument(
@@ -387,7 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = TrainConfig(
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
@@ -397,8 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         test_subset=args.test_subset, dry_run=args.dry_run,
     )  # fmt: skip
     try:
+        deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes
         trainer = Trainer(cfg, args.data_dir, None if args.dry_run else args.out, args.resume)
-        history = trainer.fit()
+        history = trainer.fit(deadline)
     except (IDXError, FileNotFoundError, ValueError) as e:
         print(f"capsnet-train: error: {e}", file=sys.stderr)
         return 2
@@ -407,6 +451,14 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
     if history and trainer.info.is_main:
         print(json.dumps(history[-1]))
+    if not args.dry_run and not trainer.finished:
+        if trainer.info.is_main:
+            print(
+                f"capsnet-train: time budget spent at epoch {trainer.epoch} of {cfg.epochs}; continue with "
+                f"--resume {Path(args.out) / 'last.pt'}",
+                file=sys.stderr,
+            )
+        return EXIT_UNFINISHED
     return 0
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,48 @@ def test_resume_reproduces_the_uninterrupted_run(synthetic_mnist: Path, tmp_path
     assert len(resumed) == 2
     for key in ("train_loss", "train_accuracy", "test_loss", "test_error"):
         assert resumed[1][key] == pytest.approx(full[1][key], abs=1e-6), key
+
+
+def test_time_budget_stops_between_epochs_and_the_resumed_run_matches(synthetic_mnist: Path, tmp_path: Path) -> None:
+    """A deadline that the first epoch overruns stops the run there, with last.pt to continue from."""
+    full = Trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "full").fit()  # type: ignore[arg-type]
+    part = Trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "part")  # type: ignore[arg-type]
+    assert len(part.fit(deadline=time.monotonic())) == 1 and not part.finished
+    resumed = Trainer(
+        TrainConfig(epochs=2, **TINY),  # type: ignore[arg-type]
+        str(synthetic_mnist),
+        tmp_path / "part",
+        resume=str(tmp_path / "part" / "last.pt"),
+    )
+    history = resumed.fit(deadline=time.monotonic() + 3600)
+    assert resumed.finished and [r["epoch"] for r in history] == [1, 2]
+    assert history[1]["train_loss"] == pytest.approx(full[1]["train_loss"], abs=1e-6)
+
+
+def test_within_budget_judges_by_the_last_epoch() -> None:
+    now = time.monotonic()
+    assert train.within_budget(None, 5.0) and train.within_budget(now - 1, None)  # no budget, or no epoch yet
+    assert train.within_budget(now + 100, 10.0)
+    assert not train.within_budget(now + 5, 10.0)
+
+
+def test_cli_time_budget_exits_3_and_says_how_to_continue(
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "budget"
+    base = ["--data-dir", str(synthetic_mnist), "--out", str(out), "--preset", "tiny", "--batch-size", "16",
+            "--epochs", "2", "--device", "cpu"]  # fmt: skip
+    assert train.main([*base, "--max-minutes", "0.0001"]) == train.EXIT_UNFINISHED
+    err = capsys.readouterr().err
+    assert "epoch 1 of 2" in err and f"--resume {out / 'last.pt'}" in err
+    assert train.main([*base, "--resume", str(out / "last.pt"), "--max-minutes", "60"]) == 0
+    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_cli_rejects_a_non_positive_time_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        train.main(["--data-dir", str(tmp_path), "--max-minutes", "0"])
+    assert e.value.code == 2 and "--max-minutes must be positive" in capsys.readouterr().err
 
 
 def test_resume_refuses_a_different_model(synthetic_mnist: Path, tmp_path: Path) -> None:
