@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,8 +16,10 @@ from model.capsnet import CapsNet, capsule_length
 from model.config import CapsNetConfig
 from model.losses import margin_loss_multi, reconstruction_loss
 from training.architectures import RECONSTRUCTION_WEIGHT
+from training.checkpoint import load_checkpoint, save_checkpoint
 from training.data import MNISTSplit
 from training.generators import MULTIMNIST_CANVAS, MultiDigits, multimnist
+from training.train import within_budget
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +138,33 @@ def reconstruction_examples(
     }
 
 
+def _resume_state(checkpoint: Path | None, cfg: MultiMNISTConfig) -> dict[str, Any] | None:
+    if checkpoint is None or not checkpoint.is_file():
+        return None
+    state = load_checkpoint(checkpoint)
+    saved = {k: v for k, v in state.get("config", {}).items() if k != "epochs"}
+    wanted = {k: v for k, v in asdict(cfg).items() if k != "epochs"}
+    if saved != wanted:
+        differ = sorted(k for k in wanted.keys() | saved.keys() if saved.get(k) != wanted.get(k))
+        raise ValueError(f"{checkpoint} was trained with other settings ({', '.join(differ)}); remove it to start over")
+    return state
+
+
 def train_multimnist(
-    cfg: MultiMNISTConfig, train: MNISTSplit, test: MNISTSplit, device: torch.device
+    cfg: MultiMNISTConfig,
+    train: MNISTSplit,
+    test: MNISTSplit,
+    device: torch.device,
+    checkpoint: Path | None = None,
+    deadline: float | None = None,
 ) -> tuple[CapsNet, list[dict[str, Any]], MultiDigits]:
     """Train a CapsNet on MultiMNIST composites drawn afresh every epoch (one per training digit, seed + epoch).
 
     The test composites are drawn once (seed 10_000 + cfg.seed); the error after every epoch is on them.
-    Returns the model, the per-epoch history and the test composites.
+    With `checkpoint`, the state is written there after every epoch and a run continues from it exactly;
+    no epoch is started that would end past `deadline` (time.monotonic(), judged by the last epoch), so
+    the history may be shorter than cfg.epochs. Returns the model, the per-epoch history and the test
+    composites.
     """
     train, test = train.subset(cfg.train_subset), test.subset(cfg.test_subset)
     torch.manual_seed(cfg.seed)
@@ -151,7 +174,20 @@ def train_multimnist(
     test_data = multimnist(test.images, test.labels, 10_000 + cfg.seed, cfg.test_pairs_per_digit)
     order_rng = np.random.default_rng(cfg.seed)
     history: list[dict[str, Any]] = []
-    for epoch in range(cfg.epochs):
+    state = _resume_state(checkpoint, cfg)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        history = list(state["history"])
+        torch.set_rng_state(state["torch_rng"])
+        order_rng.bit_generator.state = state["order_rng"]
+        log.info("multimnist: continuing from %s at epoch %d", checkpoint, len(history))
+    last_seconds: float | None = None
+    for epoch in range(len(history), cfg.epochs):
+        if not within_budget(deadline, last_seconds):
+            log.info("multimnist: time budget spent after epoch %d of %d", epoch, cfg.epochs)
+            break
         start = time.perf_counter()
         data = multimnist(train.images, train.labels, cfg.seed * 1_000 + epoch)
         order = order_rng.permutation(len(data.labels))
@@ -179,4 +215,11 @@ def train_multimnist(
         }
         log.info("multimnist epoch %d: %s", epoch + 1, row)
         history.append(row)
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, {
+                "config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "history": history, "torch_rng": torch.get_rng_state(),
+                "order_rng": order_rng.bit_generator.state,
+            })  # fmt: skip
+        last_seconds = time.perf_counter() - start
     return model, history, test_data

@@ -14,6 +14,7 @@ import argparse
 import copy
 import json
 import logging
+import math
 import os
 import shlex
 import subprocess
@@ -33,11 +34,12 @@ import torch
 from model.capsnet import count_parameters
 from training.architectures import get_architecture
 from training.benchmark import machine_description
+from training.checkpoint import load_checkpoint
 from training.data import IDXError, MNISTSplit, load_split, resolve_data_dir, to_float
 from training.evaluate import EvalResult, evaluate_torch, resolve_device
 from training.generators import AFFINE_CANVAS, AffineRanges, affine_digits, center_on_canvas, shifted_on_canvas
 from training.multimnist import MultiMNISTConfig, reconstruction_examples, train_multimnist
-from training.train import TrainConfig, Trainer, draw_curve
+from training.train import EXIT_UNFINISHED, TrainConfig, Trainer, draw_curve, within_budget
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,10 @@ PAPER_AFFINE = {"CapsNet": 79.0, "Baseline CNN": 66.0}  # accuracy on affNIST; b
 
 class NotMeasured(Exception):
     """A section that cannot run here; the message says what it needs."""
+
+
+class Unfinished(Exception):
+    """A training section stopped at the time budget (`--max-minutes`); its progress is kept under --runs."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,25 @@ class Context:
     command: str
     scratch: Path  # temporary files of this run (fresh exports)
     runs: Path | None = None  # where trained models keep checkpoints and metrics (None: nowhere)
-    amp: bool = False  # bfloat16 autocast when training on CUDA (training.train)
+    amp: bool = False  # bfloat16 autocast of the convolutions (training.train)
+    deadline: float | None = None  # time.monotonic() by which training sections stop (--max-minutes)
     fresh: dict[str, Path] = field(default_factory=dict)
+    unfinished: list[str] = field(default_factory=list)
+
+    def run_dir(self, name: str) -> Path | None:
+        """Where the trained model `name` keeps last.pt between calls (None without --runs)."""
+        return self.runs / name if self.runs else None
+
+    def check_budget(self, name: str, done: int, total: int, last_epoch_seconds: float | None) -> None:
+        """Raise Unfinished when the next epoch of `name` would overrun the budget, or it is already spent."""
+        if self.deadline is None:
+            return
+        spent = time.monotonic() >= self.deadline
+        if spent or not within_budget(self.deadline, last_epoch_seconds):
+            raise Unfinished(
+                f"{name}: {done} of {total} epochs trained when the time budget ran out; the progress is in "
+                f"{self.run_dir(name)}. Run the same command again to continue."
+            )
 
     @property
     def results(self) -> Path:
@@ -486,11 +509,33 @@ def train_config(ctx: Context, arch: str, **overrides: Any) -> TrainConfig:
     return replace(base, **overrides)
 
 
+# Settings that may change between the calls of one resumable run (not the experiment itself).
+RESUMABLE_CHANGES = {"epochs", "device", "amp", "dry_run"}
+
+
+def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer:
+    """A Trainer for `name`, continued from <runs>/<name>/last.pt when an earlier call left one."""
+    out = ctx.run_dir(name)
+    last = out / "last.pt" if out is not None else None
+    if last is None or not last.is_file():
+        return Trainer(cfg, ctx.data_dir, out)
+    saved = load_checkpoint(last)["train_config"]
+    wanted = asdict(cfg)
+    differ = sorted(k for k in wanted if k not in RESUMABLE_CHANGES and saved.get(k) != wanted[k])
+    if differ:
+        raise NotMeasured(f"{last} was trained with other settings ({', '.join(differ)}); remove it to start over")
+    log.info("continuing %s from %s", name, last)
+    return Trainer(cfg, ctx.data_dir, out, resume=str(last))
+
+
 def run_baseline(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     ctx.split("test")  # fail early without data
     cfg = train_config(ctx, "baseline")  # same data and augmentation as CapsNet: shifts of up to 2 px
-    trainer = Trainer(cfg, ctx.data_dir, ctx.runs / "baseline-mnist" if ctx.runs else None)
-    history = trainer.fit()
+    ctx.check_budget("baseline-mnist", 0, cfg.epochs, None)
+    trainer = resumable_trainer(ctx, "baseline-mnist", cfg)
+    history = trainer.fit(ctx.deadline)
+    if not trainer.finished:
+        ctx.check_budget("baseline-mnist", trainer.epoch, cfg.epochs, math.inf)
     final = evaluate_torch(trainer.model, trainer.arch, trainer.test_split, trainer.device, cfg.eval_batch_size)
     result = {
         "train_config": asdict(cfg),
@@ -558,16 +603,22 @@ def run_affine(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     models: dict[str, dict[str, Any]] = {}
     for arch in ("dynamic", "baseline"):
         cfg = train_config(ctx, arch, canvas=AFFINE_CANVAS, max_shift=AFFINE_SHIFT)
-        trainer = Trainer(cfg, ctx.data_dir, None)
-        rows = []
-        for epoch in range(1, cfg.epochs + 1):
+        name = f"affine-{arch}"
+        ctx.check_budget(name, 0, cfg.epochs, None)
+        trainer = resumable_trainer(ctx, name, cfg)  # its history holds the rows below
+        last_seconds: float | None = None
+        while not trainer.finished:
+            ctx.check_budget(name, trainer.epoch, cfg.epochs, last_seconds)
+            start = time.perf_counter()
             stats = trainer.train_epoch()
-            trainer.epoch = epoch
+            trainer.epoch += 1
             mnist = evaluate_torch(trainer.model, trainer.arch, trainer.test_split, trainer.device, cfg.eval_batch_size)
             aff = evaluate_torch(trainer.model, trainer.arch, affine.split, trainer.device, cfg.eval_batch_size)
-            rows.append(epoch_row(epoch, stats, mnist, aff))
-            log.info("affine %s epoch %d: %s", arch, epoch, rows[-1])
-        histories[arch] = rows
+            trainer.history.append(epoch_row(trainer.epoch, stats, mnist, aff))
+            trainer.save_last()
+            log.info("affine %s epoch %d: %s", arch, trainer.epoch, trainer.history[-1])
+            last_seconds = time.perf_counter() - start
+        histories[arch] = trainer.history
         models[arch] = {
             "train_config": asdict(cfg),
             "model_config": trainer.model_config,
@@ -660,7 +711,16 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
         preset=s.preset, epochs=s.epochs, batch_size=s.batch_size, seed=ctx.seed,
         test_pairs_per_digit=s.multimnist_test_pairs, eval_batch_size=s.eval_batch_size,
     )  # fmt: skip
-    model, history, test_data = train_multimnist(cfg, train, test, ctx.device)
+    ctx.check_budget("multimnist", 0, cfg.epochs, None)
+    out = ctx.run_dir("multimnist")
+    try:
+        model, history, test_data = train_multimnist(
+            cfg, train, test, ctx.device, out / "last.pt" if out is not None else None, ctx.deadline
+        )
+    except ValueError as e:  # a checkpoint of other settings
+        raise NotMeasured(str(e)) from e
+    if len(history) < cfg.epochs:
+        ctx.check_budget("multimnist", len(history), cfg.epochs, math.inf)
     examples = reconstruction_examples(model, test_data, ctx.device, 2 * s.examples)
     result = {
         "config": asdict(cfg),
@@ -1123,6 +1183,10 @@ def build_report(ctx: Context, selected: set[str], reuse: bool) -> Path:
                 saved = save_result(ctx, key, *RUNNERS[key](ctx))
             except (NotMeasured, IDXError) as e:
                 reason = str(e)
+            except Unfinished as e:
+                reason = f"In progress. {e}"
+                ctx.unfinished.append(key)
+                saved = load_result(ctx, key)  # an earlier complete result, if any, stays shown
         elif action == "reuse":
             saved = load_result(ctx, key)
         else:
@@ -1159,8 +1223,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--epochs", type=int, default=None, help="epochs of every trained model (default: 30; tiny: 1)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="training device (default: auto)")
-    p.add_argument("--amp", action="store_true", help="bfloat16 autocast for Trainer runs on CUDA (default: off)")
-    p.add_argument("--runs", default=None, help="keep checkpoints and metrics of trained models here (default: no)")
+    p.add_argument(
+        "--amp",
+        action="store_true",
+        help="bfloat16 convolutions when training, on CUDA or a CPU with native bfloat16 (default: off)",
+    )
+    p.add_argument(
+        "--runs",
+        default=None,
+        help="keep checkpoints and metrics of trained models here, and continue from them (default: no)",
+    )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="time budget for the training sections (needs --runs): no epoch is started that would overrun "
+        "it; the command then exits 3 and the same command continues (default: none)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed of training and generated data (default: 0)")
     p.add_argument("--dry-run", action="store_true", help="print what would run or be reused, write nothing")
     return p
@@ -1171,6 +1250,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.model and not Path(args.model).exists():
         parser.error(f"--model {args.model}: no such model directory or checkpoint")
+    if args.max_minutes is not None and (args.runs is None or not args.max_minutes > 0):
+        parser.error("--max-minutes needs a positive number of minutes and --runs (where the progress is kept)")
+    deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     selected = set(SECTIONS) if "all" in args.sections else set(args.sections) - {"none"}
     sizes = Sizes.tiny() if args.tiny else Sizes()
@@ -1185,13 +1267,20 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(
             out=Path(args.out), data_dir=data_dir, zoo=Path(args.zoo), model=Path(args.model) if args.model else None,
             sizes=sizes, tiny=args.tiny, device=resolve_device(args.device), seed=args.seed, command=command,
-            scratch=Path(scratch), runs=Path(args.runs) if args.runs else None, amp=args.amp,
+            scratch=Path(scratch), runs=Path(args.runs) if args.runs else None, amp=args.amp, deadline=deadline,
         )  # fmt: skip
         if args.dry_run:
             print(json.dumps({"data_dir": data_dir, "sections": plan(ctx, selected, args.reuse)}, indent=1))
             return 0
         path = build_report(ctx, selected, args.reuse)
     print(path)
+    if ctx.unfinished:
+        print(
+            f"training.report: time budget spent; unfinished: {', '.join(ctx.unfinished)}. Run the same command "
+            "again to continue.",
+            file=sys.stderr,
+        )
+        return EXIT_UNFINISHED
     return 0
 
 

@@ -339,6 +339,11 @@ class Trainer:
             self._end_epoch(row)
         return self.history
 
+    def save_last(self) -> None:
+        """Write <out>/last.pt (main process only; nothing without an output directory)."""
+        if self.info.is_main and self.out is not None:
+            save_checkpoint(self.out / "last.pt", self._state())
+
     def _end_epoch(self, row: dict[str, Any]) -> None:
         self.history.append(row)
         if not self.info.is_main or self.out is None:
@@ -350,10 +355,9 @@ class Trainer:
         is_best = row["test_error"] < self.best_test_error
         if is_best:
             self.best_test_error = row["test_error"]
-        state = self._state()
-        save_checkpoint(self.out / "last.pt", state)
+        self.save_last()
         if is_best:
-            save_checkpoint(self.out / "best.pt", state)
+            save_checkpoint(self.out / "best.pt", self._state())
 
 
 def to_float_t(images: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ import torch
 from model.capsnet import CapsNet
 from model.config import CapsNetConfig
 from model.losses import margin_loss, margin_loss_multi
-from training import report
+from training import multimnist as multimnist_module
+from training import report, train
 from training.checkpoint import save_checkpoint
 from training.data import load_split
 from training.evaluate import resolve_device
@@ -239,3 +242,84 @@ def test_service_section_renders_the_load_benchmarks_json(tmp_path: Path) -> Non
     assert "| concurrency | throughput | p99_ms |" in text and "| 64 | 900.00 |  |" in text
     assert "| 1 | 1,234.50 | 0.80 |" in text
     assert "Peak resident memory of the service under load: **not yet measured**" in text
+
+
+# --- time budget: the training sections stop between epochs and continue from --runs -----------------------
+
+TRAINING_SECTIONS = {
+    "baseline": (report.run_baseline, ["baseline-mnist"]),
+    "affine": (report.run_affine, ["affine-dynamic", "affine-baseline"]),
+    "multimnist": (report.run_multimnist, ["multimnist"]),
+}
+
+
+@pytest.mark.parametrize("section", sorted(TRAINING_SECTIONS))
+def test_training_sections_stop_at_the_budget_and_continue(
+    section: str, synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With time for one epoch per call, every call continues where the last stopped, and ends as one run."""
+    runner, names = TRAINING_SECTIONS[section]
+
+    def two_epoch_context(runs: Path | None) -> Context:
+        ctx = context(tmp_path, synthetic_mnist)
+        ctx.sizes = replace(Sizes.tiny(), epochs=2)
+        ctx.runs, ctx.deadline = runs, time.monotonic() + 3600
+        return ctx
+
+    uninterrupted, _ = runner(two_epoch_context(None))
+    for module in (report, train, multimnist_module):  # after an epoch, no time for another
+        monkeypatch.setattr(module, "within_budget", lambda deadline, last: last is None)
+    calls, result = 0, None
+    while result is None and calls < 5:
+        calls += 1
+        try:
+            result, _ = runner(two_epoch_context(tmp_path / "runs"))
+        except report.Unfinished as e:
+            assert "of 2 epochs" in str(e) and "Run the same command again" in str(e)
+            assert (tmp_path / "runs" / names[0] / "last.pt").is_file()
+    assert calls == len(names) + 1  # one epoch per call, each run continued: nothing was trained twice
+    histories = {
+        "baseline": lambda r: {"baseline": r["history"]},
+        "affine": lambda r: r["histories"],
+        "multimnist": lambda r: {"multimnist": r["history"]},
+    }[section]
+    assert result is not None
+    for name, rows in histories(result).items():
+        assert [row["epoch"] for row in rows] == [1, 2], name
+        expected = histories(uninterrupted)[name]
+        assert rows[-1]["train_loss"] == pytest.approx(expected[-1]["train_loss"], abs=1e-5), name
+
+
+def test_a_spent_budget_starts_no_training(synthetic_mnist: Path, tmp_path: Path) -> None:
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.runs, ctx.deadline = tmp_path / "runs", time.monotonic() - 1
+    with pytest.raises(report.Unfinished, match="0 of 1 epochs"):
+        report.run_baseline(ctx)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("section", ["baseline", "multimnist"])
+def test_resuming_refuses_a_checkpoint_of_other_settings(section: str, synthetic_mnist: Path, tmp_path: Path) -> None:
+    runner = TRAINING_SECTIONS[section][0]
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.runs = tmp_path / "runs"
+    runner(ctx)
+    ctx.seed = 1
+    with pytest.raises(report.NotMeasured, match=r"other settings \(seed\); remove it"):
+        runner(ctx)
+
+
+def test_report_budget_exit_code_and_arguments(
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--tiny", "--data-dir", str(synthetic_mnist), "--out", str(tmp_path / "docs"), "--device", "cpu"]
+    with pytest.raises(SystemExit):
+        report.main([*argv, "--max-minutes", "5"])  # no --runs: progress would be lost
+    assert "--max-minutes needs" in capsys.readouterr().err
+    runs = ["--runs", str(tmp_path / "runs"), "--sections", "baseline"]
+    assert report.main([*argv, *runs, "--max-minutes", "0.00001"]) == report.EXIT_UNFINISHED
+    assert "unfinished: baseline" in capsys.readouterr().err
+    text = (tmp_path / "docs" / "REPORT.md").read_text()
+    assert "In progress. baseline-mnist: 0 of 1 epochs" in text
+    assert report.main([*argv, *runs]) == 0
+    assert "baseline CNN (this run)" in (tmp_path / "docs" / "REPORT.md").read_text()
