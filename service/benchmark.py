@@ -15,12 +15,14 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     concurrency = [int(c) for c in args.concurrency.split(",")]
     result: dict[str, Any] = {
+        "command": shlex.join(["python", "-m", "service.benchmark", *(sys.argv[1:] if argv is None else argv)]),
+        "produced_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "model": card.name,
         "threads": args.threads,

@@ -1109,19 +1109,45 @@ def render_service(ctx: Context) -> str:
         )
         return "\n".join([*out, not_measured(reason), ""])
     data = json.loads(path.read_text())
-    produced = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
-    out += [f"_From `{rel(ctx, path)}` (written {produced}) by `python -m service.benchmark`._", ""]
+    if not isinstance(data, dict):
+        return "\n".join([*out, not_measured(f"{shown(path)} is not the load benchmark's JSON object"), ""])
+    produced = data.get("produced_at") or datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat(
+        timespec="seconds"
+    )
+    command = data.get("command") or "python -m service.benchmark"
+    out += [f"_Produced {produced} by `{command}`, saved as `{rel(ctx, path)}`._", ""]
     tables = {"http": "HTTP service, one image per request, by concurrency", "raw": "ONNX Runtime alone, by batch"}
     for key, title in tables.items():
-        rows = data.get(key) if isinstance(data, dict) else None
+        rows = data.get(key)
         if isinstance(rows, list) and rows and all(isinstance(x, dict) for x in rows):
             out += [f"**{title}**", "", dict_rows(rows), ""]
-    memory = {k: v for k, v in data.items() if "rss" in k.lower()} if isinstance(data, dict) else {}
-    if memory:
-        out += [f"Peak resident memory: {json.dumps(memory)}.", ""]
+    memory = {k: v for k, v in data.items() if "rss" in k.lower()}
+    if isinstance(memory.get("server_peak_rss_mib"), int | float):
+        out += [
+            f"Peak resident memory of the service process under this load: {memory['server_peak_rss_mib']:.0f} MiB.",
+            "",
+        ]
     else:
         out += ["Peak resident memory of the service under load: **not yet measured** (not in the JSON).", ""]
-    rest = {k: v for k, v in data.items() if k not in tables and k not in memory} if isinstance(data, dict) else data
+    http = data.get("http")
+    if isinstance(http, list) and len(http) > 1 and all("p50_ms" in r and "throughput" in r for r in http):
+        chart = ctx.figures / "service_load.png"
+        with figure(chart, figsize=(8, 3.2)) as fig:
+            left, right = fig.subplots(1, 2)
+            levels = [r["concurrency"] for r in http]
+            left.plot(levels, [r["throughput"] for r in http], "o-", label="service")
+            if all(isinstance(r.get("raw_throughput"), int | float) for r in http):
+                left.plot(levels, [r["raw_throughput"] for r in http], "s--", label="ONNX Runtime alone, best batch")
+            left.set(xscale="log", xlabel="concurrent clients", ylabel="images/s", ylim=(0, None))
+            left.legend(fontsize=8)
+            for key in ("p50_ms", "p99_ms"):
+                if all(isinstance(r.get(key), int | float) for r in http):
+                    right.plot(levels, [r[key] for r in http], "o-", label=key.replace("_ms", ""))
+            right.set(xscale="log", yscale="log", xlabel="concurrent clients", ylabel="latency (ms)")
+            right.legend(fontsize=8)
+        out += [f"![service throughput and latency by concurrency]({rel(ctx, chart)})", ""]
+    skip = {*tables, *memory, "command", "produced_at"}
+    rest = {k: v for k, v in data.items() if k not in skip}
     out += ["```json", json.dumps(rest, indent=1), "```", ""]
     return "\n".join(out)
 

@@ -24,6 +24,7 @@ def test_benchmark_prints_raw_and_service_tables(
     assert "concurrency 1: service p50" in text
     result = json.loads(out.read_text())
     assert [r["batch"] for r in result["raw"]] == [1, 4]
+    assert result["command"].startswith("python -m service.benchmark --model-repository") and result["produced_at"]
     assert [h["concurrency"] for h in result["http"]] == [1, 4]
     assert all(h["errors"] == 0 and h["throughput"] > 0 for h in result["http"])
     if os.path.exists("/proc/self/status"):

@@ -242,6 +242,22 @@ def test_service_section_renders_the_load_benchmarks_json(tmp_path: Path) -> Non
     assert "| concurrency | throughput | p99_ms |" in text and "| 64 | 900.00 |  |" in text
     assert "| 1 | 1,234.50 | 0.80 |" in text
     assert "Peak resident memory of the service under load: **not yet measured**" in text
+    assert "by `python -m service.benchmark`" in text and not (ctx.figures / "service_load.png").exists()
+
+    http = [
+        {"concurrency": c, "throughput": 100.0 * c, "p50_ms": 1.0 * c, "p99_ms": 2.0 * c, "raw_throughput": 900.0}
+        for c in (1, 8, 64)
+    ]
+    stamp = {"command": "python -m service.benchmark --concurrency 1,8,64", "produced_at": "2026-01-02T03:04:05+00:00"}
+    (ctx.results / report.SERVICE_LOAD_FILE).write_text(
+        json.dumps({**rows, **stamp, "http": http, "server_peak_rss_mib": 291.6})
+    )
+    text = report.render_service(ctx)
+    assert "_Produced 2026-01-02T03:04:05+00:00 by `python -m service.benchmark --concurrency 1,8,64`" in text
+    assert "service process under this load: 292 MiB" in text
+    assert (ctx.figures / "service_load.png").stat().st_size > 1000 and "report/figures/service_load.png" in text
+    (ctx.results / report.SERVICE_LOAD_FILE).write_text("[1, 2]")
+    assert "is not the load benchmark's JSON object" in report.render_service(ctx)
 
 
 # --- time budget: the training sections stop between epochs and continue from --runs -----------------------
