@@ -64,6 +64,28 @@ def percentile_ms(latencies: list[float], q: float) -> float:
     return float(np.percentile(np.array(latencies) * 1000.0, q)) if latencies else float("nan")
 
 
+def cpu_busy_percent(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs' time spent busy over the next `seconds`, from /proc/stat (None where there is none).
+
+    Taken just before measuring: unlike the load average, which lags by about a minute, it says
+    whether something else was running at the time.
+    """
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle  # user … steal; guest time is already inside user
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    elapsed = total1 - total0
+    return round(100.0 * (1.0 - (idle1 - idle0) / elapsed), 1) if elapsed > 0 else None
+
+
 def machine() -> dict[str, Any]:
     cpu = "unknown"
     try:
@@ -79,6 +101,7 @@ def machine() -> dict[str, Any]:
         "cpus_usable": affinity,
         "cgroup_cpu_quota": cgroup_cpu_limit(),
         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "cpu_busy_percent_before": cpu_busy_percent(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "onnxruntime": ort.__version__,

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from model.capsnet import count_parameters
+from service.benchmark import cpu_busy_percent
 from training.architectures import get_architecture
 from training.benchmark import machine_description
 from training.checkpoint import load_checkpoint
@@ -199,7 +200,16 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = dict(machine_description(device))
     info["cpu_model"] = cpu_model()
     info["load_average"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    info["cpu_busy_percent_before"] = cpu_busy_percent()
     return info
+
+
+def busy_note(machine: dict[str, Any]) -> str:
+    """How busy the machine was just before a measurement (older results have only the lagging load average)."""
+    busy = machine.get("cpu_busy_percent_before")
+    if busy is not None:
+        return f"all CPUs {busy:g}% busy in the second before measuring (load average {machine.get('load_average')})"
+    return f"load average at the time {machine.get('load_average')}"
 
 
 def git_commit() -> str | None:
@@ -1061,7 +1071,7 @@ def render_speed(ctx: Context, saved: Saved | None, reason: str | None) -> str:
     out += [
         f"Model: `{r['model_name']}` ({r['model']}), input {r['input_shape']}, "
         f"{r['flops_per_image'] / 1e6:,.1f} MFLOP per image. Machine: {cpu}, {m.get('cpu_count')} CPUs, "
-        f"{r['threads']} threads{gpu}; load average at the time {m.get('load_average')}.",
+        f"{r['threads']} threads{gpu}; {busy_note(m)}.",
         "",
     ]
     headers = ["runtime", "batch", "images/s", "p50 (ms)", "p99 (ms)", "calls", "GFLOP/s", "of matmul GFLOP/s"]

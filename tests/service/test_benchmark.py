@@ -30,3 +30,19 @@ def test_benchmark_prints_raw_and_service_tables(
     if os.path.exists("/proc/self/status"):
         assert result["server_peak_rss_mib"] > 10
         assert "peak resident memory" in text
+
+
+def test_cpu_busy_percent_from_two_proc_stat_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = iter(["cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 …", "cpu  250 0 150 800 100 0 0 0 0 0\ncpu0 …"])
+
+    class FakePath:
+        def __init__(self, path: str) -> None:
+            assert path == "/proc/stat"
+
+        def read_text(self) -> str:
+            return next(samples)
+
+    monkeypatch.setattr(benchmark, "Path", FakePath)
+    assert benchmark.cpu_busy_percent(seconds=0.0) == 66.7  # 200 busy of 300 jiffies
+    monkeypatch.setattr(benchmark, "Path", lambda path: (_ for _ in ()).throw(OSError("no /proc")))
+    assert benchmark.cpu_busy_percent(seconds=0.0) is None
