@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ class IDXError(ValueError):
 class MNISTSplit:
     images: np.ndarray  # (N, 1, 28, 28) uint8
     labels: np.ndarray  # (N,) int64
+    sha256: dict[str, str] = field(default_factory=dict)  # file stem -> sha256 of the decompressed file read
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -94,8 +95,9 @@ def load_split(data_dir: str | os.PathLike[str] | None, split: str) -> MNISTSpli
     root = resolve_data_dir(data_dir)
     image_stem, label_stem = SPLIT_FILES[split]
     image_path, label_path = find_idx_file(root, image_stem), find_idx_file(root, label_stem)
-    images = parse_idx(read_idx_bytes(image_path), image_path, IMAGE_MAGIC, (28, 28))
-    labels = parse_idx(read_idx_bytes(label_path), label_path, LABEL_MAGIC, ())
+    image_bytes, label_bytes = read_idx_bytes(image_path), read_idx_bytes(label_path)
+    images = parse_idx(image_bytes, image_path, IMAGE_MAGIC, (28, 28))
+    labels = parse_idx(label_bytes, label_path, LABEL_MAGIC, ())
     if images.shape[0] != labels.shape[0]:
         raise IDXError(f"{image_path} has {images.shape[0]} images but {label_path} has {labels.shape[0]} labels")
     if labels.size and int(labels.max()) > 9:
@@ -103,11 +105,18 @@ def load_split(data_dir: str | os.PathLike[str] | None, split: str) -> MNISTSpli
     return MNISTSplit(
         images=images[:, None, :, :],  # (N, 1, 28, 28)
         labels=labels.astype(np.int64),
+        sha256={
+            image_stem: hashlib.sha256(image_bytes).hexdigest(),
+            label_stem: hashlib.sha256(label_bytes).hexdigest(),
+        },
     )
 
 
 def file_hashes(data_dir: str | os.PathLike[str] | None) -> dict[str, str]:
-    """sha256 of the decompressed content of each MNIST file (stable whether .gz or raw)."""
+    """sha256 of the decompressed content of each MNIST file (stable whether .gz or raw).
+
+    `load_split(...).sha256` gives the same for the files a split was read from, without reading them again.
+    """
     root = resolve_data_dir(data_dir)
     out: dict[str, str] = {}
     for stems in SPLIT_FILES.values():

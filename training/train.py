@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from training.architectures import ARCHITECTURES, get_architecture
 from training.checkpoint import load_checkpoint, save_checkpoint, training_command
-from training.data import IDXError, MNISTSplit, file_hashes, load_split
+from training.data import IDXError, MNISTSplit, load_split
 from training.evaluate import evaluate_torch, resolve_device
 from training.generators import pad_split
 
@@ -182,9 +182,10 @@ class Trainer:
             self.device = torch.device("cuda", self.info.local_rank)
         self.arch = get_architecture(cfg.arch)
         self.amp = use_amp(cfg.amp, self.device)
-        self.train_split: MNISTSplit = pad_split(load_split(data_dir, "train").subset(cfg.train_subset), cfg.canvas)
-        self.test_split: MNISTSplit = pad_split(load_split(data_dir, "test").subset(cfg.test_subset), cfg.canvas)
-        self.data_hashes = file_hashes(data_dir)
+        train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
+        self.data_hashes = {**train.sha256, **test.sha256}  # of the files read, for the model card
+        self.train_split: MNISTSplit = pad_split(train.subset(cfg.train_subset), cfg.canvas)
+        self.test_split: MNISTSplit = pad_split(test.subset(cfg.test_subset), cfg.canvas)
         torch.manual_seed(cfg.seed)
         self.model_config = model_config_for(cfg)
         self.model: nn.Module = self.arch.build(self.model_config).to(self.device)

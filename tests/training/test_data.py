@@ -36,6 +36,13 @@ def test_hashes_do_not_depend_on_compression(tmp_path: Path) -> None:
     )
 
 
+def test_a_loaded_split_carries_the_hashes_of_its_files(tmp_path: Path) -> None:
+    root = write_mnist_dir(tmp_path, gz=True)
+    train, test = load_split(root, "train"), load_split(root, "test")
+    assert {**train.sha256, **test.sha256} == file_hashes(root)
+    assert len(train.sha256) == len(test.sha256) == 2
+
+
 def test_missing_file_is_named(tmp_path: Path) -> None:
     root = write_mnist_dir(tmp_path)
     (root / "t10k-labels-idx1-ubyte.gz").unlink()
