@@ -58,11 +58,12 @@ def time_training(cfg: TrainConfig, device: torch.device, steps: int, warmup: in
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     images = torch.rand(cfg.batch_size, 1, 28, 28, device=device)
     labels = torch.randint(0, 10, (cfg.batch_size,), device=device)
+    amp = use_amp(cfg.amp, device)
     for k in range(warmup + steps):
         if k == warmup:
             synchronize(device)
             start = time.perf_counter()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp(cfg.amp, device)):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             out = arch.forward(model, images, labels)
         loss = arch.loss(out, images, labels, 0.0).total
         opt.zero_grad(set_to_none=True)

@@ -14,6 +14,25 @@ from training.architectures import Architecture, get_architecture
 CHECKPOINT_FORMAT = 1
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint to continue from was made with other settings than the run asks for."""
+
+
+def rng_states() -> dict[str, Any]:
+    """The random-number states a run needs to continue exactly: the CPU's, and every CUDA device's."""
+    states: dict[str, Any] = {"torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch_rng"])
+    cuda = state.get("cuda_rng")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write atomically (temp file + rename) so an interrupted save never leaves a broken file."""
     path.parent.mkdir(parents=True, exist_ok=True)

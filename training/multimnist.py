@@ -16,7 +16,7 @@ from model.capsnet import CapsNet, capsule_length
 from model.config import CapsNetConfig
 from model.losses import margin_loss_multi, reconstruction_loss
 from training.architectures import RECONSTRUCTION_WEIGHT
-from training.checkpoint import load_checkpoint, save_checkpoint
+from training.checkpoint import CheckpointMismatch, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
 from training.data import MNISTSplit
 from training.generators import MULTIMNIST_CANVAS, MultiDigits, multimnist
 from training.train import within_budget
@@ -146,7 +146,13 @@ def _resume_state(checkpoint: Path | None, cfg: MultiMNISTConfig) -> dict[str, A
     wanted = {k: v for k, v in asdict(cfg).items() if k != "epochs"}
     if saved != wanted:
         differ = sorted(k for k in wanted.keys() | saved.keys() if saved.get(k) != wanted.get(k))
-        raise ValueError(f"{checkpoint} was trained with other settings ({', '.join(differ)}); remove it to start over")
+        raise CheckpointMismatch(
+            f"{checkpoint} was trained with other settings ({', '.join(differ)}); remove it to start over"
+        )
+    if len(state["history"]) > cfg.epochs:
+        raise CheckpointMismatch(
+            f"{checkpoint} has {len(state['history'])} epochs, more than the {cfg.epochs} asked for; remove it"
+        )
     return state
 
 
@@ -180,10 +186,10 @@ def train_multimnist(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         history = list(state["history"])
-        torch.set_rng_state(state["torch_rng"])
+        restore_rng_states(state)
         order_rng.bit_generator.state = state["order_rng"]
         log.info("multimnist: continuing from %s at epoch %d", checkpoint, len(history))
-    last_seconds: float | None = None
+    last_seconds: float | None = None  # the first epoch of a call always runs: a resumed run always progresses
     for epoch in range(len(history), cfg.epochs):
         if not within_budget(deadline, last_seconds):
             log.info("multimnist: time budget spent after epoch %d of %d", epoch, cfg.epochs)
@@ -218,7 +224,7 @@ def train_multimnist(
         if checkpoint is not None:
             save_checkpoint(checkpoint, {
                 "config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "history": history, "torch_rng": torch.get_rng_state(),
+                "scheduler": scheduler.state_dict(), "history": history, **rng_states(),
                 "order_rng": order_rng.bit_generator.state,
             })  # fmt: skip
         last_seconds = time.perf_counter() - start

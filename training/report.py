@@ -35,7 +35,7 @@ from model.capsnet import count_parameters
 from service.benchmark import cpu_busy_percent
 from training.architectures import get_architecture
 from training.benchmark import machine_description
-from training.checkpoint import load_checkpoint
+from training.checkpoint import CheckpointMismatch, load_checkpoint
 from training.data import IDXError, MNISTSplit, load_split, resolve_data_dir, to_float
 from training.evaluate import EvalResult, evaluate_torch, resolve_device
 from training.generators import AFFINE_CANVAS, AffineRanges, affine_digits, center_on_canvas, shifted_on_canvas
@@ -113,20 +113,33 @@ class Context:
     deadline: float | None = None  # time.monotonic() by which training sections stop (--max-minutes)
     fresh: dict[str, Path] = field(default_factory=dict)
     unfinished: list[str] = field(default_factory=list)
+    longest_epoch: float | None = None  # seconds, of any epoch trained in this call (to judge starting another model)
+
+    def trained(self, seconds: float) -> None:
+        """Note an epoch of `seconds` trained in this call."""
+        self.longest_epoch = max(seconds, self.longest_epoch or 0.0)
 
     def run_dir(self, name: str) -> Path | None:
         """Where the trained model `name` keeps last.pt between calls (None without --runs)."""
         return self.runs / name if self.runs else None
 
-    def check_budget(self, name: str, done: int, total: int, last_epoch_seconds: float | None) -> None:
-        """Raise Unfinished when the next epoch of `name` would overrun the budget, or it is already spent."""
+    def check_budget(self, name: str, done: int | None, total: int, last_epoch_seconds: float | None) -> None:
+        """Raise Unfinished when the next epoch of `name` would overrun the budget, or it is already spent.
+
+        `done` is the epochs trained so far (None: not known yet, before the run is opened). Before a model's
+        first epoch in this call (`last_epoch_seconds` None) the longest epoch trained so far in this call, of
+        any model, is the estimate; with none, the epoch runs, so every call makes progress.
+        """
         if self.deadline is None:
             return
         spent = time.monotonic() >= self.deadline
-        if spent or not within_budget(self.deadline, last_epoch_seconds):
+        estimate = last_epoch_seconds if last_epoch_seconds is not None else self.longest_epoch
+        if spent or not within_budget(self.deadline, estimate):
+            where = self.run_dir(name)
+            progress = "not continued" if done is None else f"{done} of {total} epochs trained"
             raise Unfinished(
-                f"{name}: {done} of {total} epochs trained when the time budget ran out; the progress is in "
-                f"{self.run_dir(name)}. Run the same command again to continue."
+                f"{name}: {progress} when the time budget ran out; the progress is kept in {where}. "
+                "Run the same command again to continue."
             )
 
     @property
@@ -159,8 +172,12 @@ def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def save_result(ctx: Context, section: str, result: dict[str, Any], arrays: dict[str, np.ndarray]) -> Saved:
-    saved = Saved(section, now_utc(), ctx.command, ctx.tiny, machine_info(ctx.device), result, arrays)
+def save_result(
+    ctx: Context, section: str, result: dict[str, Any], arrays: dict[str, np.ndarray], busy: float | None = None
+) -> Saved:
+    """Save a section's numbers; `busy` is cpu_busy_percent() sampled before the section ran."""
+    machine = {**machine_info(ctx.device), "cpu_busy_percent_before": busy}
+    saved = Saved(section, now_utc(), ctx.command, ctx.tiny, machine, result, arrays)
     ctx.results.mkdir(parents=True, exist_ok=True)
     payload = {k: v for k, v in asdict(saved).items() if k != "arrays"}
     (ctx.results / f"{section}.json").write_text(json.dumps(payload, indent=1) + "\n")
@@ -200,7 +217,6 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = dict(machine_description(device))
     info["cpu_model"] = cpu_model()
     info["load_average"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    info["cpu_busy_percent_before"] = cpu_busy_percent()
     return info
 
 
@@ -529,11 +545,13 @@ def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer:
     last = out / "last.pt" if out is not None else None
     if last is None or not last.is_file():
         return Trainer(cfg, ctx.data_dir, out)
-    saved = load_checkpoint(last)["train_config"]
-    wanted = asdict(cfg)
+    state = load_checkpoint(last)
+    saved, wanted = state["train_config"], asdict(cfg)
     differ = sorted(k for k in wanted if k not in RESUMABLE_CHANGES and saved.get(k) != wanted[k])
     if differ:
         raise NotMeasured(f"{last} was trained with other settings ({', '.join(differ)}); remove it to start over")
+    if int(state["epoch"]) > cfg.epochs:
+        raise NotMeasured(f"{last} has {state['epoch']} epochs, more than the {cfg.epochs} asked for; remove it")
     log.info("continuing %s from %s", name, last)
     return Trainer(cfg, ctx.data_dir, out, resume=str(last))
 
@@ -541,9 +559,12 @@ def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer:
 def run_baseline(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     ctx.split("test")  # fail early without data
     cfg = train_config(ctx, "baseline")  # same data and augmentation as CapsNet: shifts of up to 2 px
-    ctx.check_budget("baseline-mnist", 0, cfg.epochs, None)
+    ctx.check_budget("baseline-mnist", None, cfg.epochs, None)
     trainer = resumable_trainer(ctx, "baseline-mnist", cfg)
+    already = trainer.epoch
     history = trainer.fit(ctx.deadline)
+    for row in history[already:]:
+        ctx.trained(row["seconds"])
     if not trainer.finished:
         ctx.check_budget("baseline-mnist", trainer.epoch, cfg.epochs, math.inf)
     final = evaluate_torch(trainer.model, trainer.arch, trainer.test_split, trainer.device, cfg.eval_batch_size)
@@ -614,7 +635,7 @@ def run_affine(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     for arch in ("dynamic", "baseline"):
         cfg = train_config(ctx, arch, canvas=AFFINE_CANVAS, max_shift=AFFINE_SHIFT)
         name = f"affine-{arch}"
-        ctx.check_budget(name, 0, cfg.epochs, None)
+        ctx.check_budget(name, None, cfg.epochs, None)
         trainer = resumable_trainer(ctx, name, cfg)  # its history holds the rows below
         last_seconds: float | None = None
         while not trainer.finished:
@@ -624,10 +645,11 @@ def run_affine(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             trainer.epoch += 1
             mnist = evaluate_torch(trainer.model, trainer.arch, trainer.test_split, trainer.device, cfg.eval_batch_size)
             aff = evaluate_torch(trainer.model, trainer.arch, affine.split, trainer.device, cfg.eval_batch_size)
-            trainer.history.append(epoch_row(trainer.epoch, stats, mnist, aff))
+            last_seconds = time.perf_counter() - start
+            ctx.trained(last_seconds)
+            trainer.history.append({**epoch_row(trainer.epoch, stats, mnist, aff), "seconds": round(last_seconds, 2)})
             trainer.save_last()
             log.info("affine %s epoch %d: %s", arch, trainer.epoch, trainer.history[-1])
-            last_seconds = time.perf_counter() - start
         histories[arch] = trainer.history
         models[arch] = {
             "train_config": asdict(cfg),
@@ -721,15 +743,15 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
         preset=s.preset, epochs=s.epochs, batch_size=s.batch_size, seed=ctx.seed,
         test_pairs_per_digit=s.multimnist_test_pairs, eval_batch_size=s.eval_batch_size,
     )  # fmt: skip
-    ctx.check_budget("multimnist", 0, cfg.epochs, None)
+    ctx.check_budget("multimnist", None, cfg.epochs, None)
     out = ctx.run_dir("multimnist")
     try:
         model, history, test_data = train_multimnist(
             cfg, train, test, ctx.device, out / "last.pt" if out is not None else None, ctx.deadline
         )
-    except ValueError as e:  # a checkpoint of other settings
+    except CheckpointMismatch as e:
         raise NotMeasured(str(e)) from e
-    if len(history) < cfg.epochs:
+    if len(history) < cfg.epochs:  # (the last training section: no later model needs ctx.trained())
         ctx.check_budget("multimnist", len(history), cfg.epochs, math.inf)
     examples = reconstruction_examples(model, test_data, ctx.device, 2 * s.examples)
     result = {
@@ -1140,7 +1162,11 @@ def render_service(ctx: Context) -> str:
     else:
         out += ["Peak resident memory of the service under load: **not yet measured** (not in the JSON).", ""]
     http = data.get("http")
-    if isinstance(http, list) and len(http) > 1 and all("p50_ms" in r and "throughput" in r for r in http):
+    if (
+        isinstance(http, list)
+        and len(http) > 1
+        and all(isinstance(r, dict) and "p50_ms" in r and "throughput" in r for r in http)
+    ):
         chart = ctx.figures / "service_load.png"
         with figure(chart, figsize=(8, 3.2)) as fig:
             left, right = fig.subplots(1, 2)
@@ -1215,14 +1241,19 @@ def build_report(ctx: Context, selected: set[str], reuse: bool) -> Path:
         saved, reason = None, None
         if action == "run":
             log.info("running section %s", key)
+            busy = cpu_busy_percent()  # before the section's own threads start
             try:
-                saved = save_result(ctx, key, *RUNNERS[key](ctx))
+                saved = save_result(ctx, key, *RUNNERS[key](ctx), busy=busy)
             except (NotMeasured, IDXError) as e:
                 reason = str(e)
             except Unfinished as e:
                 reason = f"In progress. {e}"
                 ctx.unfinished.append(key)
                 saved = load_result(ctx, key)  # an earlier complete result, if any, stays shown
+                if saved is not None:
+                    parts.append(RENDERERS[key](ctx, saved, None).rstrip())
+                    parts += ["", f"> **{reason}** The figures above are from the earlier complete run.", ""]
+                    continue
         elif action == "reuse":
             saved = load_result(ctx, key)
         else:

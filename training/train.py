@@ -21,7 +21,7 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from training.architectures import ARCHITECTURES, get_architecture
-from training.checkpoint import load_checkpoint, save_checkpoint, training_command
+from training.checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint, training_command
 from training.data import IDXError, MNISTSplit, load_split
 from training.evaluate import evaluate_torch, resolve_device
 from training.generators import pad_split
@@ -156,7 +156,8 @@ def bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     if device.type == "cpu":
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        # Native bfloat16 only: AVX512 without the BF16 extension passes oneDNN's check but emulates it, slower.
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     return False
 
 
@@ -215,7 +216,7 @@ class Trainer:
         self.epoch = int(state["epoch"])
         self.best_test_error = float(state["best_test_error"])
         self.history = list(state["history"])
-        torch.set_rng_state(state["torch_rng"])
+        restore_rng_states(state)
         log.info("resumed from %s at epoch %d", path, self.epoch)
 
     def _state(self) -> dict[str, Any]:
@@ -229,7 +230,7 @@ class Trainer:
             "epoch": self.epoch,
             "best_test_error": self.best_test_error,
             "history": self.history,
-            "torch_rng": torch.get_rng_state(),
+            **rng_states(),
             "command": self.command,
             "data_hashes": self.data_hashes,
         }

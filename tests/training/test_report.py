@@ -284,16 +284,17 @@ def test_training_sections_stop_at_the_budget_and_continue(
 
     uninterrupted, _ = runner(two_epoch_context(None))
     for module in (report, train, multimnist_module):  # after an epoch, no time for another
-        monkeypatch.setattr(module, "within_budget", lambda deadline, last: last is None)
+        monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
     calls, result = 0, None
     while result is None and calls < 5:
         calls += 1
         try:
             result, _ = runner(two_epoch_context(tmp_path / "runs"))
         except report.Unfinished as e:
-            assert "of 2 epochs" in str(e) and "Run the same command again" in str(e)
+            assert ("of 2 epochs" in str(e) or "not continued" in str(e)) and "Run the same command again" in str(e)
             assert (tmp_path / "runs" / names[0] / "last.pt").is_file()
-    assert calls == len(names) + 1  # one epoch per call, each run continued: nothing was trained twice
+    # One epoch per call and none of a second model after the first's: nothing was trained twice.
+    assert calls == 2 * len(names)
     histories = {
         "baseline": lambda r: {"baseline": r["history"]},
         "affine": lambda r: r["histories"],
@@ -309,7 +310,7 @@ def test_training_sections_stop_at_the_budget_and_continue(
 def test_a_spent_budget_starts_no_training(synthetic_mnist: Path, tmp_path: Path) -> None:
     ctx = context(tmp_path, synthetic_mnist)
     ctx.runs, ctx.deadline = tmp_path / "runs", time.monotonic() - 1
-    with pytest.raises(report.Unfinished, match="0 of 1 epochs"):
+    with pytest.raises(report.Unfinished, match="baseline-mnist: not continued when the time budget ran out"):
         report.run_baseline(ctx)
     assert not (tmp_path / "runs").exists()
 
@@ -336,6 +337,18 @@ def test_report_budget_exit_code_and_arguments(
     assert report.main([*argv, *runs, "--max-minutes", "0.00001"]) == report.EXIT_UNFINISHED
     assert "unfinished: baseline" in capsys.readouterr().err
     text = (tmp_path / "docs" / "REPORT.md").read_text()
-    assert "In progress. baseline-mnist: 0 of 1 epochs" in text
+    assert "In progress. baseline-mnist: not continued" in text
     assert report.main([*argv, *runs]) == 0
     assert "baseline CNN (this run)" in (tmp_path / "docs" / "REPORT.md").read_text()
+    assert report.main([*argv, *runs, "--max-minutes", "0.00001"]) == report.EXIT_UNFINISHED
+    text = (tmp_path / "docs" / "REPORT.md").read_text()  # the earlier result stays, marked as being redone
+    assert "baseline CNN (this run)" in text and "The figures above are from the earlier complete run." in text
+
+
+def test_resuming_refuses_a_checkpoint_with_more_epochs_than_asked(synthetic_mnist: Path, tmp_path: Path) -> None:
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.runs, ctx.sizes = tmp_path / "runs", replace(Sizes.tiny(), epochs=2)
+    report.run_baseline(ctx)
+    ctx.sizes = Sizes.tiny()
+    with pytest.raises(report.NotMeasured, match="has 2 epochs, more than the 1 asked for"):
+        report.run_baseline(ctx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -196,13 +197,21 @@ def test_evaluate_module_runs_as_a_script(synthetic_mnist: Path) -> None:
     assert proc.returncode == 2 and "not found" in proc.stderr
 
 
-def test_amp_on_cpu_uses_bfloat16_where_supported(synthetic_mnist: Path, tmp_path: Path) -> None:
-    """`--amp` trains with bfloat16 convolutions on a CPU that has them, and says so in metrics.jsonl."""
+def test_amp_on_cpu_trains_with_bfloat16_convolutions(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--amp` on a CPU with native bfloat16 (forced here, emulated elsewhere) trains and says so in metrics.jsonl."""
+    monkeypatch.setattr(train, "bf16_supported", lambda device: True)
     trainer = Trainer(TrainConfig(epochs=1, amp=True, **TINY), str(synthetic_mnist), tmp_path / "amp")  # type: ignore[arg-type]
-    assert trainer.amp == train.bf16_supported(torch.device("cpu"))
+    assert trainer.amp
     row = trainer.fit()[0]
-    assert row["precision"] == ("bfloat16-mixed" if trainer.amp else "float32")
-    assert row["train_loss"] == row["train_loss"]  # not NaN
+    assert row["precision"] == "bfloat16-mixed"
+    assert math.isfinite(row["train_loss"]) and math.isfinite(row["test_loss"])
+    plain = Trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "fp32")  # type: ignore[arg-type]
+    assert plain.fit()[0]["precision"] == "float32"
+    weights = [(a, b) for a, b in zip(trainer.model.parameters(), plain.model.parameters(), strict=True)]
+    assert any(not torch.equal(a, b) for a, b in weights)  # the same seed and data: autocast made the difference
+    assert all(a.dtype == torch.float32 for a, _ in weights)  # weights stay float32
 
 
 def test_amp_is_ignored_with_a_warning_without_native_bfloat16(
