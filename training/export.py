@@ -1,4 +1,4 @@
-"""Export a capsule network to a verified model directory: ONNX graphs, TorchScript twin and the card.
+"""Export a capsule network to a verified model directory: ONNX graphs, TorchScript twin, torch.export programs, card.
 
 The layout and the card are specified in docs/model-card.md. Everything an architecture contributes
 comes from its `ExportSpec` in training/architectures.py, so this module has no per-architecture code.
@@ -51,7 +51,9 @@ log = logging.getLogger(__name__)
 CAPSNET_ONNX = "capsnet.onnx"
 DECODER_ONNX = "decoder.onnx"
 TORCHSCRIPT = "capsnet.ts"
-ARTIFACTS = (CAPSNET_ONNX, DECODER_ONNX, TORCHSCRIPT)
+PROGRAM = "capsnet.pt2"  # torch.export program of forward (for AOTInductor / ExecuTorch users)
+DECODER_PROGRAM = "decoder.pt2"
+ARTIFACTS = (CAPSNET_ONNX, DECODER_ONNX, TORCHSCRIPT, PROGRAM, DECODER_PROGRAM)
 DEFAULT_OPSET = 18
 MIN_OPSET = 18
 CONTROL_FLOW_OPS = frozenset({"Loop", "If", "Scan"})
@@ -306,6 +308,7 @@ def export_module(
     training_info: dict[str, Any] | None = None,
     metrics: dict[str, Any] | None = None,
     torchscript: bool = True,
+    pt2: bool = False,
     opset: int = DEFAULT_OPSET,
     version: str = "1",
     seed: int = 0,
@@ -357,6 +360,17 @@ def export_module(
     twin = None
     if torchscript:
         twin, parity[TORCHSCRIPT] = _trace_twin(graph, images, decoder_inputs, names, roles, reference)
+    programs: dict[str, torch.export.ExportedProgram] = {}
+    if pt2:
+        programs[PROGRAM], parity[PROGRAM] = _export_program(graph, PROGRAM, [images], names, roles, reference)
+        if spec.decode is not None:
+            decoder = DecoderGraph(model, spec).eval()
+            with torch.no_grad():
+                want = {b: _numpy(decoder(*(torch.from_numpy(a[:b]) for a in decoder_inputs))) for b in VERIFY_BATCHES}
+            out = ["reconstruction"]
+            programs[DECODER_PROGRAM], parity[DECODER_PROGRAM] = _export_program(
+                decoder, DECODER_PROGRAM, decoder_inputs, out, out, want
+            )
     if evaluate_on is not None:
         log.info("evaluating %s on %d test images with ONNX Runtime", CAPSNET_ONNX, len(evaluate_on))
         result = evaluate_session(session, INPUT_NAME, names[roles.index("scores")], num_classes, evaluate_on)
@@ -382,7 +396,7 @@ def export_module(
         opset=opset,
         parity=parity,
     )
-    return _write(Path(out_dir), card, protos, twin)
+    return _write(Path(out_dir), card, protos, twin, programs)
 
 
 def _export_graph(
@@ -461,6 +475,33 @@ def _trace_twin(
                 diffs |= _max_abs_diffs(TORCHSCRIPT, b, ["decode.reconstruction"], ["reconstruction"], want, got)
             parity[f"batch_{b}"] = diffs
     return twin, parity
+
+
+def _export_program(
+    module: nn.Module,
+    file: str,
+    arrays: list[np.ndarray],
+    outputs: list[str],
+    roles: list[str],
+    reference: dict[int, list[np.ndarray]],
+) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
+    """torch.export with a dynamic batch axis; saved, reloaded from bytes and compared with PyTorch per batch size."""
+    log.info("exporting %s (torch.export)", file)
+    example = tuple(torch.from_numpy(a[:2]) for a in arrays)
+    batch = torch.export.Dim("batch")
+    with _quiet_torch(), torch.no_grad():
+        try:
+            program = torch.export.export(module, example, dynamic_shapes=tuple({0: batch} for _ in arrays))
+        except Exception as e:
+            raise ExportError(f"{file}: torch.export failed: {e}") from e
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        loaded = torch.export.load(io.BytesIO(buffer.getvalue())).module()
+        parity: dict[str, Any] = {}
+        for b in VERIFY_BATCHES:
+            got = _numpy(loaded(*(torch.from_numpy(a[:b]) for a in arrays)))
+            parity[f"batch_{b}"] = _max_abs_diffs(file, b, outputs, roles, reference[b], got)
+    return program, parity
 
 
 def _shape(array: np.ndarray) -> list[int]:
@@ -542,7 +583,11 @@ def _card(
 
 
 def _write(
-    out_dir: Path, card: dict[str, Any], protos: dict[str, onnx.ModelProto], twin: torch.jit.ScriptModule | None
+    out_dir: Path,
+    card: dict[str, Any],
+    protos: dict[str, onnx.ModelProto],
+    twin: torch.jit.ScriptModule | None,
+    programs: dict[str, torch.export.ExportedProgram] | None = None,
 ) -> dict[str, Any]:
     """Write every file into a staging directory beside out_dir, hash them into the card, then move them in."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -553,6 +598,9 @@ def _write(
         if twin is not None:
             with _quiet_torch():
                 torch.jit.save(twin, str(staging / TORCHSCRIPT), _extra_files={CARD_FILE: json.dumps(card)})
+        for file, program in (programs or {}).items():
+            with _quiet_torch():
+                torch.export.save(program, str(staging / file), extra_files={CARD_FILE: json.dumps(card)})
         files = {
             f: {"sha256": sha256_file(staging / f), "bytes": (staging / f).stat().st_size}
             for f in ARTIFACTS
@@ -604,6 +652,7 @@ def export_checkpoint(
     evaluate: bool = True,
     opset: int = DEFAULT_OPSET,
     torchscript: bool = True,
+    pt2: bool = False,
     version: str = "1",
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -621,7 +670,8 @@ def export_checkpoint(
     n = max(VERIFY_BATCHES)
     return export_module(
         model, arch.name, state["model_config"], out_dir,
-        name=name, training_info=_training_info(path, state), torchscript=torchscript, opset=opset, version=version,
+        name=name, training_info=_training_info(path, state), torchscript=torchscript, pt2=pt2, opset=opset,
+        version=version,
         seed=seed, evaluate_on=split if evaluate else None,
         verify_images=None if split is None else split.images[:n],
         verify_description=None if split is None else f"MNIST test images 0-{n - 1}",
@@ -669,6 +719,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-torchscript", action="store_true", help="do not write the TorchScript twin capsnet.ts (default: write it)"
     )
     p.add_argument(
+        "--pt2",
+        action="store_true",
+        help="also write torch.export programs capsnet.pt2 (and decoder.pt2), verified like the others (default: off)",
+    )
+    p.add_argument(
         "--no-evaluate",
         action="store_true",
         help="skip the test-set evaluation; the card's metrics stay null (default: evaluate)",
@@ -698,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.checkpoint, Path(tmp) / name if args.dry_run else out,
                 name=name, data_dir=args.data_dir,
                 evaluate=not (args.dry_run or args.no_evaluate), opset=args.opset,
-                torchscript=not args.no_torchscript, version=args.version, seed=args.seed,
+                torchscript=not args.no_torchscript, pt2=args.pt2, version=args.version, seed=args.seed,
             )  # fmt: skip
     except (ValueError, FileNotFoundError) as e:  # ExportError, IDXError and checkpoint errors are ValueErrors
         print(f"capsnet-export: error: {' '.join(str(e).split())}", file=sys.stderr)

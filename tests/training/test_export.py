@@ -223,6 +223,30 @@ def test_torchscript_twin_matches_pytorch_and_carries_the_card(
             assert (twin.decode(ref.poses, mask).flatten(1) - tiny.decode(ref.poses, mask)).abs().max() <= 1e-3
 
 
+def test_pt2_programs_match_pytorch_at_any_batch_and_carry_the_card(tiny: CapsNet, tmp_path: Path) -> None:
+    """--pt2: torch.export programs of forward and of the decoder, with a dynamic batch axis and the card."""
+    (tmp_path / "zoo").mkdir()
+    out = tmp_path / "zoo" / "tiny-pt2"
+    card = export_module(tiny, "dynamic", tiny.cfg.to_dict(), out, name="tiny-pt2", torchscript=False, pt2=True)
+    assert {"capsnet.pt2", "decoder.pt2"} <= set(card["files"]) and "capsnet.ts" not in card["files"]
+    assert set(card["export"]["parity"]["capsnet.pt2"]) == {"batch_1", "batch_64"}
+    extra = {"model.json": ""}
+    program = torch.export.load(str(out / "capsnet.pt2"), extra_files=extra)
+    assert json.loads(extra["model.json"]) == {k: v for k, v in card.items() if k != "files"}
+    forward = program.module()
+    decoder = torch.export.load(str(out / "decoder.pt2")).module()
+    for batch in (1, 3, 64):  # 3 was never seen at export: the batch axis is symbolic
+        x = torch.from_numpy(random_images(batch, seed=batch))
+        with torch.no_grad():
+            ref, (lengths, poses, recon) = tiny(x), forward(x)
+            assert (lengths - ref.lengths).abs().max() <= 1e-4 and (poses - ref.poses).abs().max() <= 1e-4
+            assert (recon.flatten(1) - ref.reconstruction).abs().max() <= 1e-3
+            mask = torch.eye(10)[torch.arange(batch) % 10]
+            got = decoder(ref.poses, mask)
+            assert (got.flatten(1) - tiny.decode(ref.poses, mask)).abs().max() <= 1e-3
+    verify_model_dir(out)
+
+
 def test_a_corrupted_file_is_refused_with_a_clear_message(
     exported: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -340,10 +364,11 @@ def test_cli_dry_run_verifies_and_writes_nothing(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "capsnet-dry"
-    assert export.main([str(checkpoint), "--out", str(out), "--dry-run", "--no-torchscript"]) == 0
+    assert export.main([str(checkpoint), "--out", str(out), "--dry-run", "--no-torchscript", "--pt2"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["dry_run"] is True and summary["model_dir"] is None and summary["n"] == 0
     assert summary["max_abs_difference"]["capsnet.onnx"] <= 1e-3
+    assert summary["max_abs_difference"]["capsnet.pt2"] <= 1e-3 and "decoder.pt2" in summary["files"]
     assert not out.exists()
 
 
