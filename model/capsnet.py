@@ -37,24 +37,40 @@ def capsule_length(v: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.sqrt((v * v).sum(dim=dim) + EPS)
 
 
+# The two contractions of routing as batched matrix products over (sample, class): PyTorch runs them as
+# bmm, forward and backward, instead of broadcast multiply-and-sum over (B, N_out, N_in, D) tensors, which
+# took half of a training step; the class-major layout makes every matrix contiguous, so nothing is copied.
+
+
+def weighted_sum(c: torch.Tensor, u_hat: torch.Tensor) -> torch.Tensor:
+    """Σ_i c_ij û_j|i: c (B, N_out, N_in), û (B, N_out, N_in, D) -> (B, N_out, D)."""
+    return torch.matmul(c.unsqueeze(2), u_hat).squeeze(2)
+
+
+def agreement(u_hat: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """û_j|i · v_j: û (B, N_out, N_in, D), v (B, N_out, D) -> (B, N_out, N_in)."""
+    return torch.matmul(u_hat, v.unsqueeze(-1)).squeeze(-1)
+
+
 def route_sabour(u_hat: torch.Tensor, iterations: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing by agreement, Sabour et al. 2017 Procedure 1.
 
     Args:
-        u_hat: prediction vectors û_j|i, shape (B, N_in, N_out, D).
+        u_hat: prediction vectors û_j|i, class-major: shape (B, N_out, N_in, D), so that each class's
+            predictions are contiguous and both weighted sums below are batched matrix products.
         iterations: number of routing iterations r (unrolled, no data-dependent branching).
 
     Returns:
         v: output capsules (B, N_out, D) and the final coupling coefficients c (B, N_in, N_out).
     """
-    b = torch.zeros_like(u_hat[..., 0])  # (B, N_in, N_out): logits b_ij, one set per sample
-    c = F.softmax(b, dim=2)  # eq. 3: c_ij = softmax_j(b_ij)
-    v = squash((c.unsqueeze(-1) * u_hat).sum(dim=1))  # eq. 2 and 1: s_j = Σ_i c_ij û_j|i -> (B, N_out, D)
+    b = torch.zeros_like(u_hat[..., 0])  # (B, N_out, N_in): logits b_ij, one set per sample
+    c = F.softmax(b, dim=1)  # eq. 3: c_ij = softmax_j(b_ij), over the classes
+    v = squash(weighted_sum(c, u_hat))  # eq. 2 and 1: s_j = Σ_i c_ij û_j|i -> (B, N_out, D)
     for _ in range(iterations - 1):
-        b = b + (u_hat * v.unsqueeze(1)).sum(dim=-1)  # Procedure 1 line 7: b_ij += û_j|i · v_j
-        c = F.softmax(b, dim=2)
-        v = squash((c.unsqueeze(-1) * u_hat).sum(dim=1))
-    return v, c
+        b = b + agreement(u_hat, v)  # Procedure 1 line 7: b_ij += û_j|i · v_j
+        c = F.softmax(b, dim=1)
+        v = squash(weighted_sum(c, u_hat))
+    return v, c.transpose(1, 2)
 
 
 def route_normalized(u_hat: torch.Tensor, iterations: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,16 +78,16 @@ def route_normalized(u_hat: torch.Tensor, iterations: int) -> tuple[torch.Tensor
 
     v_j starts as the mean of its predictions; each iteration sets c_ij to the softmax over
     classes of the current agreement <û_j|i, v_j/|v_j|> (not accumulated) and v_j = Σ_i c_ij û_j|i.
-    Squash is applied to the final output only.
+    Squash is applied to the final output only. `u_hat` is class-major, (B, N_out, N_in, D), as for
+    `route_sabour`; c is returned as (B, N_in, N_out).
     """
-    v = u_hat.mean(dim=1)  # (B, N_out, D)
-    c = torch.full_like(u_hat[..., 0], 1.0 / u_hat.shape[2])
+    v = u_hat.mean(dim=2)  # (B, N_out, D)
+    c = torch.full_like(u_hat[..., 0], 1.0 / u_hat.shape[1])  # (B, N_out, N_in)
     for _ in range(iterations):
         direction = v / torch.sqrt((v * v).sum(dim=-1, keepdim=True) + EPS)  # (B, N_out, D)
-        agreement = (u_hat * direction.unsqueeze(1)).sum(dim=-1)  # (B, N_in, N_out)
-        c = F.softmax(agreement, dim=2)
-        v = (c.unsqueeze(-1) * u_hat).sum(dim=1)  # (B, N_out, D)
-    return squash(v), c
+        c = F.softmax(agreement(u_hat, direction), dim=1)  # (B, N_out, N_in)
+        v = weighted_sum(c, u_hat)  # (B, N_out, D)
+    return squash(v), c.transpose(1, 2)
 
 
 class PrimaryCaps(nn.Module):
@@ -109,6 +125,9 @@ class DigitCaps(nn.Module):
 
     def forward(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         u_hat = torch.einsum("ijdk,bik->bijd", self.weight, u)  # (B, N_in, N_out, D_out)
+        # Class-major and contiguous for routing's batched products; measured faster in PyTorch (training, and
+        # inference) and in ONNX Runtime than an einsum straight to this layout or a broadcast matmul.
+        u_hat = u_hat.transpose(1, 2).contiguous()  # (B, N_out, N_in, D_out)
         if self.cfg.routing == "sabour":
             return route_sabour(u_hat, self.cfg.routing_iterations)
         return route_normalized(u_hat, self.cfg.routing_iterations)

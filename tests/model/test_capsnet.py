@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model.capsnet import CapsNet, capsule_length, count_parameters, route_normalized, route_sabour, squash
 from model.config import CapsNetConfig
@@ -42,16 +43,45 @@ def test_squash_keeps_direction_and_bounds_length() -> None:
 @pytest.mark.parametrize("route", [route_sabour, route_normalized])
 @pytest.mark.parametrize("iterations", [1, 3])
 def test_coupling_coefficients_sum_to_one_over_classes(route, iterations: int) -> None:  # type: ignore[no-untyped-def]
-    u_hat = torch.randn(3, 20, 10, 8)
+    u_hat = torch.randn(3, 10, 20, 8)  # class-major: (B, N_out, N_in, D)
     v, c = route(u_hat, iterations)
     assert v.shape == (3, 10, 8) and c.shape == (3, 20, 10)
     assert torch.allclose(c.sum(dim=2), torch.ones(3, 20), atol=1e-6)
 
 
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_sabour_routing_matches_procedure_1_written_out(iterations: int) -> None:
+    """The batched-matmul routing equals Procedure 1 written with explicit sums over (B, N_in, N_out, D)."""
+    torch.manual_seed(1)
+    u = torch.randn(2, 30, 10, 16)  # input-major û_j|i, as in the paper's indices
+    b = torch.zeros(2, 30, 10)
+    for r in range(iterations):
+        c = F.softmax(b, dim=2)
+        v = squash((c.unsqueeze(-1) * u).sum(dim=1))
+        if r < iterations - 1:
+            b = b + (u * v.unsqueeze(1)).sum(dim=-1)
+    got_v, got_c = route_sabour(u.transpose(1, 2).contiguous(), iterations)
+    torch.testing.assert_close(got_v, v, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_c, c, atol=1e-6, rtol=1e-5)
+
+
+def test_normalized_routing_matches_its_definition_written_out() -> None:
+    torch.manual_seed(2)
+    u = torch.randn(2, 30, 10, 16)  # input-major û_j|i
+    v = u.mean(dim=1)
+    for _ in range(3):
+        direction = v / v.norm(dim=-1, keepdim=True)
+        c = F.softmax((u * direction.unsqueeze(1)).sum(dim=-1), dim=2)  # the current agreement, not accumulated
+        v = (c.unsqueeze(-1) * u).sum(dim=1)
+    got_v, got_c = route_normalized(u.transpose(1, 2).contiguous(), 3)
+    torch.testing.assert_close(got_v, squash(v), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_c, c, atol=1e-6, rtol=1e-5)
+
+
 def test_sabour_routing_moves_coupling_towards_agreeing_class() -> None:
     torch.manual_seed(0)
-    u_hat = 0.01 * torch.randn(1, 50, 3, 4)
-    u_hat[:, :, 1, :] = torch.tensor([0.5, 0.0, 0.0, 0.0])  # every input agrees on class 1
+    u_hat = 0.01 * torch.randn(1, 3, 50, 4)  # (B, N_out, N_in, D)
+    u_hat[:, 1, :, :] = torch.tensor([0.5, 0.0, 0.0, 0.0])  # every input agrees on class 1
     _, c1 = route_sabour(u_hat, 1)
     _, c3 = route_sabour(u_hat, 3)
     assert torch.allclose(c1, torch.full_like(c1, 1 / 3))  # first iteration: uniform
