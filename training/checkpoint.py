@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,24 @@ CHECKPOINT_FORMAT = 1
 
 class CheckpointMismatch(ValueError):
     """A checkpoint to continue from was made with other settings than the run asks for."""
+
+
+def check_resumable(
+    path: Path | str,
+    saved: dict[str, Any],
+    wanted: dict[str, Any],
+    epochs_done: int,
+    epochs: int,
+    may_change: Collection[str] = ("epochs",),
+) -> None:
+    """Refuse to continue a checkpoint made with other settings (bar `may_change`) or with more epochs than asked."""
+    differ = sorted(k for k in wanted.keys() | saved.keys() if k not in may_change and saved.get(k) != wanted.get(k))
+    if differ:
+        raise CheckpointMismatch(
+            f"{path} was trained with other settings ({', '.join(differ)}); remove it to start over"
+        )
+    if epochs_done > epochs:
+        raise CheckpointMismatch(f"{path} has {epochs_done} epochs, more than the {epochs} asked for; remove it")
 
 
 def rng_states() -> dict[str, Any]:

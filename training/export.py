@@ -352,24 +352,31 @@ def export_module(
     full = reference[max(VERIFY_BATCHES)]
     num_classes = int(full[roles.index("scores")].shape[1])
     decoder_inputs: list[np.ndarray] = []
+    decoder: DecoderGraph | None = None
+    decoder_reference: dict[int, list[np.ndarray]] = {}
+    recon = ["reconstruction"]  # the decoder's one output: its name and its role
     if spec.decode is not None:
         if "poses" not in roles:
             raise ExportError(f"architecture {arch!r}: a decoder needs a poses output, the outputs have roles {roles}")
+        # decoder.onnx (and decoder.pt2) from (poses, one-hot masks), checked against PyTorch like capsnet.onnx.
         decoder_inputs = [full[roles.index("poses")], _class_masks(len(images), num_classes)]
-        protos[DECODER_ONNX], parity[DECODER_ONNX] = _export_decoder(DecoderGraph(model, spec), decoder_inputs, opset)
+        decoder = DecoderGraph(model, spec).eval()
+        with torch.no_grad():
+            decoder_reference = {
+                b: _numpy(decoder(*(torch.from_numpy(a[:b]) for a in decoder_inputs))) for b in VERIFY_BATCHES
+            }
+        protos[DECODER_ONNX], parity[DECODER_ONNX], _ = _export_graph(
+            decoder, DECODER_ONNX, decoder_inputs, list(DECODER_INPUTS), recon, recon, decoder_reference, opset
+        )
     twin = None
     if torchscript:
         twin, parity[TORCHSCRIPT] = _trace_twin(graph, images, decoder_inputs, names, roles, reference)
     programs: dict[str, torch.export.ExportedProgram] = {}
     if pt2:
         programs[PROGRAM], parity[PROGRAM] = _export_program(graph, PROGRAM, [images], names, roles, reference)
-        if spec.decode is not None:
-            decoder = DecoderGraph(model, spec).eval()
-            with torch.no_grad():
-                want = {b: _numpy(decoder(*(torch.from_numpy(a[:b]) for a in decoder_inputs))) for b in VERIFY_BATCHES}
-            out = ["reconstruction"]
+        if decoder is not None:
             programs[DECODER_PROGRAM], parity[DECODER_PROGRAM] = _export_program(
-                decoder, DECODER_PROGRAM, decoder_inputs, out, out, want
+                decoder, DECODER_PROGRAM, decoder_inputs, recon, recon, decoder_reference
             )
     if evaluate_on is not None:
         log.info("evaluating %s on %d test images with ONNX Runtime", CAPSNET_ONNX, len(evaluate_on))
@@ -425,20 +432,6 @@ def _export_graph(
         got = session.run(outputs, {name: a[:b] for name, a in zip(inputs, arrays, strict=True)})
         parity[f"batch_{b}"] = _max_abs_diffs(file, b, outputs, roles, reference[b], got)
     return proto, parity, session
-
-
-def _export_decoder(
-    decoder: DecoderGraph, inputs: list[np.ndarray], opset: int
-) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """decoder.onnx from (poses, one-hot masks), checked against PyTorch like capsnet.onnx."""
-    decoder.eval()
-    with torch.no_grad():
-        reference = {b: _numpy(decoder(*(torch.from_numpy(a[:b]) for a in inputs))) for b in VERIFY_BATCHES}
-    output = ["reconstruction"]
-    proto, parity, _ = _export_graph(
-        decoder, DECODER_ONNX, inputs, list(DECODER_INPUTS), output, output, reference, opset
-    )
-    return proto, parity
 
 
 def _trace_twin(

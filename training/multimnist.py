@@ -16,7 +16,7 @@ from model.capsnet import CapsNet, capsule_length
 from model.config import CapsNetConfig
 from model.losses import margin_loss_multi, reconstruction_loss
 from training.architectures import RECONSTRUCTION_WEIGHT
-from training.checkpoint import CheckpointMismatch, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from training.checkpoint import check_resumable, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
 from training.data import MNISTSplit
 from training.generators import MULTIMNIST_CANVAS, MultiDigits, multimnist
 from training.train import within_budget
@@ -142,17 +142,7 @@ def _resume_state(checkpoint: Path | None, cfg: MultiMNISTConfig) -> dict[str, A
     if checkpoint is None or not checkpoint.is_file():
         return None
     state = load_checkpoint(checkpoint)
-    saved = {k: v for k, v in state.get("config", {}).items() if k != "epochs"}
-    wanted = {k: v for k, v in asdict(cfg).items() if k != "epochs"}
-    if saved != wanted:
-        differ = sorted(k for k in wanted.keys() | saved.keys() if saved.get(k) != wanted.get(k))
-        raise CheckpointMismatch(
-            f"{checkpoint} was trained with other settings ({', '.join(differ)}); remove it to start over"
-        )
-    if len(state["history"]) > cfg.epochs:
-        raise CheckpointMismatch(
-            f"{checkpoint} has {len(state['history'])} epochs, more than the {cfg.epochs} asked for; remove it"
-        )
+    check_resumable(checkpoint, state.get("config", {}), asdict(cfg), len(state["history"]), cfg.epochs)
     return state
 
 

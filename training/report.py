@@ -35,7 +35,7 @@ from model.capsnet import count_parameters
 from service.benchmark import cpu_busy_percent
 from training.architectures import get_architecture
 from training.benchmark import machine_description
-from training.checkpoint import CheckpointMismatch, load_checkpoint
+from training.checkpoint import CheckpointMismatch
 from training.data import IDXError, MNISTSplit, load_split, resolve_data_dir, to_float
 from training.evaluate import EvalResult, evaluate_torch, resolve_device
 from training.generators import AFFINE_CANVAS, AffineRanges, affine_digits, center_on_canvas, shifted_on_canvas
@@ -535,25 +535,17 @@ def train_config(ctx: Context, arch: str, **overrides: Any) -> TrainConfig:
     return replace(base, **overrides)
 
 
-# Settings that may change between the calls of one resumable run (not the experiment itself).
-RESUMABLE_CHANGES = {"epochs", "device", "amp", "dry_run"}
-
-
 def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer:
     """A Trainer for `name`, continued from <runs>/<name>/last.pt when an earlier call left one."""
     out = ctx.run_dir(name)
     last = out / "last.pt" if out is not None else None
-    if last is None or not last.is_file():
-        return Trainer(cfg, ctx.data_dir, out)
-    state = load_checkpoint(last)
-    saved, wanted = state["train_config"], asdict(cfg)
-    differ = sorted(k for k in wanted if k not in RESUMABLE_CHANGES and saved.get(k) != wanted[k])
-    if differ:
-        raise NotMeasured(f"{last} was trained with other settings ({', '.join(differ)}); remove it to start over")
-    if int(state["epoch"]) > cfg.epochs:
-        raise NotMeasured(f"{last} has {state['epoch']} epochs, more than the {cfg.epochs} asked for; remove it")
-    log.info("continuing %s from %s", name, last)
-    return Trainer(cfg, ctx.data_dir, out, resume=str(last))
+    resume = str(last) if last is not None and last.is_file() else None
+    if resume:
+        log.info("continuing %s from %s", name, resume)
+    try:
+        return Trainer(cfg, ctx.data_dir, out, resume=resume, strict_resume=True)
+    except CheckpointMismatch as e:
+        raise NotMeasured(str(e)) from e
 
 
 def run_baseline(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

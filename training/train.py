@@ -21,7 +21,14 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from training.architectures import ARCHITECTURES, get_architecture
-from training.checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint, training_command
+from training.checkpoint import (
+    check_resumable,
+    load_checkpoint,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+    training_command,
+)
 from training.data import IDXError, MNISTSplit, load_split
 from training.evaluate import evaluate_torch, resolve_device
 from training.generators import pad_split
@@ -141,6 +148,8 @@ def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+# Settings that may change between the calls of one resumable run (they do not change the experiment).
+RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run"})
 EXIT_UNFINISHED = 3  # --max-minutes stopped the run before --epochs; resume it
 
 
@@ -173,8 +182,14 @@ class Trainer:
     """Owns the model, optimizer and data for one run; `fit` trains to `cfg.epochs`."""
 
     def __init__(
-        self, cfg: TrainConfig, data_dir: str | None, out_dir: str | os.PathLike[str] | None, resume: str | None = None
+        self,
+        cfg: TrainConfig,
+        data_dir: str | None,
+        out_dir: str | os.PathLike[str] | None,
+        resume: str | None = None,
+        strict_resume: bool = False,
     ) -> None:
+        """`strict_resume`: continue `resume` only if it was trained with these settings (bar RESUMABLE_CHANGES)."""
         self.cfg = cfg
         self.out = Path(out_dir) if out_dir is not None else None
         self.info = init_distributed(cfg.device)
@@ -197,7 +212,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.command = training_command(sys.argv)
         if resume:
-            self._restore(resume)
+            self._restore(resume, strict_resume)
         self.train_images = torch.from_numpy(self.train_split.images)
         self.train_labels = torch.from_numpy(self.train_split.labels)
         self.ddp: nn.Module = (
@@ -206,10 +221,15 @@ class Trainer:
             else self.model
         )
 
-    def _restore(self, path: str) -> None:
+    def _restore(self, path: str, strict: bool) -> None:
         state = load_checkpoint(path)
         if state["arch"] != self.cfg.arch or state["model_config"] != self.model_config:
             raise ValueError(f"checkpoint {path} was trained with a different architecture or model config")
+        if strict:
+            wanted = asdict(self.cfg)
+            check_resumable(
+                path, state["train_config"], wanted, int(state["epoch"]), self.cfg.epochs, RESUMABLE_CHANGES
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -357,9 +377,10 @@ class Trainer:
         is_best = row["test_error"] < self.best_test_error
         if is_best:
             self.best_test_error = row["test_error"]
-        self.save_last()
+        state = self._state()
+        save_checkpoint(self.out / "last.pt", state)
         if is_best:
-            save_checkpoint(self.out / "best.pt", self._state())
+            save_checkpoint(self.out / "best.pt", state)
 
 
 def to_float_t(images: torch.Tensor) -> torch.Tensor:

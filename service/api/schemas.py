@@ -30,6 +30,16 @@ EXAMPLE_PREPROCESSING: dict[str, JsonValue] = {
     "inverted": True,
     "normalized": True,
 }
+EXAMPLE_PREDICTION: dict[str, JsonValue] = {  # one image's classification, shared by the response examples
+    "index": 0,
+    "predicted_class": 7,
+    "label": "7",
+    "score_kind": "capsule_length",
+    "scores": EXAMPLE_SCORES,
+    "probabilities": EXAMPLE_PROBABILITIES,
+    "top_k": [{"class": 7, "label": "7", "score": 0.98, "probability": 0.85}],
+    "preprocessing": EXAMPLE_PREPROCESSING,
+}
 
 
 class ImageInput(BaseModel):
@@ -116,18 +126,7 @@ class ClassifyResponse(BaseModel):
                 {
                     "model": "capsnet-mnist",
                     "model_version": "1",
-                    "predictions": [
-                        {
-                            "index": 0,
-                            "predicted_class": 7,
-                            "label": "7",
-                            "score_kind": "capsule_length",
-                            "scores": EXAMPLE_SCORES,
-                            "probabilities": EXAMPLE_PROBABILITIES,
-                            "top_k": [{"class": 7, "label": "7", "score": 0.98, "probability": 0.85}],
-                            "preprocessing": EXAMPLE_PREPROCESSING,
-                        }
-                    ],
+                    "predictions": [EXAMPLE_PREDICTION],
                 }
             ]
         },
@@ -154,14 +153,7 @@ class CapsulesResponse(BaseModel):
                     "pose_shape": [16],
                     "capsules": [
                         {
-                            "index": 0,
-                            "predicted_class": 7,
-                            "label": "7",
-                            "score_kind": "capsule_length",
-                            "scores": EXAMPLE_SCORES,
-                            "probabilities": EXAMPLE_PROBABILITIES,
-                            "top_k": [{"class": 7, "label": "7", "score": 0.98, "probability": 0.85}],
-                            "preprocessing": EXAMPLE_PREPROCESSING,
+                            **EXAMPLE_PREDICTION,
                             "poses": [EXAMPLE_POSE if c == 7 else EXAMPLE_ZERO_POSE for c in range(10)],
                             "predicted_pose": EXAMPLE_POSE,
                         }
