@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -51,6 +52,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     amp: bool = False  # bfloat16 autocast of the convolutions: CUDA, or a CPU with native bfloat16
+    val_split: int = 0  # hold out this many training images (seeded) for validation; 0: train on all
     train_subset: int | None = None
     test_subset: int | None = None
     eval_batch_size: int = 500
@@ -200,7 +202,9 @@ class Trainer:
         self.amp = use_amp(cfg.amp, self.device)
         train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
         self.data_hashes = {**train.sha256, **test.sha256}  # of the files read, for the model card
+        train, val = hold_out(train, cfg.val_split, cfg.seed)
         self.train_split: MNISTSplit = pad_split(train.subset(cfg.train_subset), cfg.canvas)
+        self.val_data: MNISTSplit | None = pad_split(val, cfg.canvas) if val is not None else None
         self.test_split: MNISTSplit = pad_split(test.subset(cfg.test_subset), cfg.canvas)
         torch.manual_seed(cfg.seed)
         self.model_config = model_config_for(cfg)
@@ -209,6 +213,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=cfg.lr_decay)
         self.epoch = 0
         self.best_test_error = math.inf
+        self.best_val_error = math.inf
         self.history: list[dict[str, Any]] = []
         self.command = training_command(sys.argv)
         if resume:
@@ -235,6 +240,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch = int(state["epoch"])
         self.best_test_error = float(state["best_test_error"])
+        self.best_val_error = float(state.get("best_val_error", math.inf))
         self.history = list(state["history"])
         restore_rng_states(state)
         log.info("resumed from %s at epoch %d", path, self.epoch)
@@ -249,6 +255,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "epoch": self.epoch,
             "best_test_error": self.best_test_error,
+            "best_val_error": self.best_val_error,
             "history": self.history,
             **rng_states(),
             "command": self.command,
@@ -341,6 +348,7 @@ class Trainer:
             result = evaluate_torch(
                 self.model, self.arch, self.test_split, self.device, self.cfg.eval_batch_size, max_batches
             )
+            val = self._validate(max_batches)
             self.epoch += 1
             row = {
                 "epoch": self.epoch,
@@ -348,6 +356,7 @@ class Trainer:
                 "test_loss": round(result.loss, 6),
                 "test_error": result.test_error,
                 "test_n": result.n,
+                **val,
                 "lr": lr,
                 "seconds": round(seconds, 2),
                 "images_per_second": round(stats["train_images"] / seconds, 1),
@@ -360,6 +369,15 @@ class Trainer:
                 break
             self._end_epoch(row)
         return self.history
+
+    def _validate(self, max_batches: int | None) -> dict[str, Any]:
+        """Loss and error on the held-out training images (`--val-split`); empty without a validation set."""
+        if self.val_data is None:
+            return {}
+        result = evaluate_torch(
+            self.model, self.arch, self.val_data, self.device, self.cfg.eval_batch_size, max_batches
+        )
+        return {"val_loss": round(result.loss, 6), "val_error": result.test_error, "val_n": result.n}
 
     def save_last(self) -> None:
         """Write <out>/last.pt (main process only; nothing without an output directory)."""
@@ -377,10 +395,29 @@ class Trainer:
         is_best = row["test_error"] < self.best_test_error
         if is_best:
             self.best_test_error = row["test_error"]
+        is_best_val = "val_error" in row and row["val_error"] < self.best_val_error
+        if is_best_val:
+            self.best_val_error = row["val_error"]
         state = self._state()
         save_checkpoint(self.out / "last.pt", state)
         if is_best:
             save_checkpoint(self.out / "best.pt", state)
+        if is_best_val:
+            save_checkpoint(self.out / "best_val.pt", state)
+
+
+def hold_out(split: MNISTSplit, n: int, seed: int) -> tuple[MNISTSplit, MNISTSplit | None]:
+    """Split off `n` images chosen by a permutation seeded with `seed` for validation: (train, validation)."""
+    if n <= 0:
+        return split, None
+    if n >= len(split):
+        raise ValueError(f"--val-split {n} leaves no training images (the training set has {len(split)})")
+    order = np.random.default_rng(seed).permutation(len(split))
+    keep, held = np.sort(order[n:]), np.sort(order[:n])
+    return (
+        MNISTSplit(split.images[keep], split.labels[keep], split.sha256),
+        MNISTSplit(split.images[held], split.labels[held]),
+    )
 
 
 def to_float_t(images: torch.Tensor) -> torch.Tensor:
@@ -442,6 +479,14 @@ def build_parser() -> argparse.ArgumentParser:
         "with last.pt written; continue with --resume (default: none)",
     )
     p.add_argument("--resume", default=None, metavar="CKPT", help="resume from a checkpoint (default: start fresh)")
+    p.add_argument(
+        "--val-split",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hold out N training images (a permutation seeded by --seed) for validation; each epoch records "
+        "val_error and the best one is saved as best_val.pt (default: 0, train on all 60,000)",
+    )
     p.add_argument("--train-subset", type=int, default=None, help="train on the first N images only (default: all)")
     p.add_argument(
         "--test-subset", type=int, default=None, help="evaluate on the first N test images only (default: all)"
@@ -463,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, lr_decay=args.lr_decay, max_shift=args.max_shift,
         canvas=args.canvas,
-        seed=args.seed, device=args.device, amp=args.amp, train_subset=args.train_subset,
+        seed=args.seed, device=args.device, amp=args.amp, val_split=args.val_split, train_subset=args.train_subset,
         test_subset=args.test_subset, dry_run=args.dry_run,
     )  # fmt: skip
     try:

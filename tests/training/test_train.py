@@ -222,3 +222,22 @@ def test_amp_is_ignored_with_a_warning_without_native_bfloat16(
         assert train.use_amp(True, torch.device("cpu")) is False
     assert "--amp ignored" in caplog.text
     assert train.use_amp(False, torch.device("cpu")) is False
+
+
+def test_val_split_holds_out_a_seeded_disjoint_set_and_saves_best_val(synthetic_mnist: Path, tmp_path: Path) -> None:
+    trainer = Trainer(TrainConfig(epochs=1, val_split=20, **TINY), str(synthetic_mnist), tmp_path / "run")  # type: ignore[arg-type]
+    assert trainer.val_data is not None and len(trainer.val_data) == 20
+    full = len(train.load_split(str(synthetic_mnist), "train"))
+    assert len(trainer.train_split) == full - 20
+    _, held = train.hold_out(train.load_split(str(synthetic_mnist), "train"), 20, seed=1)
+    assert held is not None and (held.images == trainer.val_data.images).all()
+    rows = trainer.fit()
+    assert rows[0]["val_n"] == 20 and 0.0 <= rows[0]["val_error"] <= 1.0 and "val_loss" in rows[0]
+    assert (tmp_path / "run" / "best_val.pt").exists()
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=False)["best_val_error"] == rows[0]["val_error"]
+
+
+def test_val_split_refuses_to_leave_no_training_images(synthetic_mnist: Path) -> None:
+    split = train.load_split(str(synthetic_mnist), "train")
+    with pytest.raises(ValueError, match="leaves no training images"):
+        train.hold_out(split, len(split), seed=0)
