@@ -22,6 +22,7 @@ from pydantic.json_schema import models_json_schema
 
 from service.api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from service.api.routes import explorer, health, inference, metrics, models, v2
+from service.api.routes.docs import install_docs
 from service.api.schemas import DecodeRequest, ImagesRequest, InferenceRequest
 from service.core.config import Settings
 from service.core.errors import install_error_handlers
@@ -87,7 +88,14 @@ def openapi_with_bodies(app: FastAPI) -> Callable[[], dict[str, Any]]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The app; the models load when its lifespan starts."""
     settings = settings or Settings()
-    app = FastAPI(title="capsnet-serve", version=v2.server_version(), description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="capsnet-serve",
+        version=v2.server_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,  # install_docs serves /docs and /redoc from local assets, not a CDN
+        redoc_url=None,
+    )
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.registry = ModelRegistry(settings, app.state.metrics)
@@ -96,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (models, inference, v2, health, metrics, explorer):
         app.include_router(module.router)
+    install_docs(app)
     if explorer.STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")
     app.openapi = openapi_with_bodies(app)  # type: ignore[method-assign]

@@ -380,3 +380,28 @@ def test_readable_and_drawable_at_360_px(phone: Tab) -> None:
     assert page.locator("#lengths").bounding_box()["width"] <= 360
     screenshot(page, "explorer-360.png")
     phone.check_clean()
+
+
+@pytest.mark.parametrize(("path", "rendered"), [("/docs", ".swagger-ui .opblock"), ("/redoc", "li[data-item-id]")])
+def test_api_docs_render_offline(browser: Any, server: Server, path: str, rendered: str) -> None:
+    """Every request to another origin is refused, as on a machine without internet: the docs still render."""
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    foreign: list[str] = []
+
+    def only_own(route: Any) -> None:
+        if route.request.url.startswith(server.base):
+            route.continue_()
+        else:
+            foreign.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_own)
+    try:
+        page.goto(server.base + path)
+        page.wait_for_selector(rendered, timeout=TIMEOUT_MS)
+        assert page.locator(rendered).count() >= 10  # one per documented operation (Swagger) or menu entry (ReDoc)
+        assert not foreign, f"{path} reached outside the service: {foreign}"
+    finally:
+        ctx.close()
