@@ -55,8 +55,8 @@ def test_evaluate_of_a_model_directory_needs_no_torch() -> None:
 
 
 def test_entry_points_run_the_commands() -> None:
+    code = "import sys; sys.argv = ['capsnet-train', '--help']; from training import entry; entry.train()"
     result = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.argv = ['capsnet-train', '--help']; from training import entry; entry.train()"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0 and "--val-split" in result.stdout, result.stderr
