@@ -8,7 +8,7 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPBearer
 from starlette.requests import HTTPConnection
 
-from service.core.auth import TokenStore, bearer_token
+from service.core.auth import INVALID_TOKEN, MISSING_TOKEN, WRONG_SCHEME, TokenStore, bearer_token
 from service.core.config import Settings
 from service.core.errors import Unauthorized
 from service.runtime.model import ServedModel
@@ -43,10 +43,6 @@ class BearerAuth(HTTPBearer):
     An HTTPBearer, so that the routes it guards declare the scheme in OpenAPI (the Authorize button of /docs).
     """
 
-    MISSING = "missing bearer token: send the header 'Authorization: Bearer <token>'"
-    WRONG_SCHEME = "the Authorization header must be 'Bearer <token>'"
-    INVALID = "invalid bearer token"
-
     async def __call__(self, request: HTTPConnection) -> None:
         tokens: TokenStore = request.app.state.tokens
         header = request.headers.get("authorization")
@@ -54,10 +50,10 @@ class BearerAuth(HTTPBearer):
         if tokens.check(token):
             return
         if header is None:
-            raise Unauthorized(self.MISSING)
+            raise Unauthorized(MISSING_TOKEN)
         if token is None:
-            raise Unauthorized(self.WRONG_SCHEME)
-        raise Unauthorized(self.INVALID, invalid_token=True)
+            raise Unauthorized(WRONG_SCHEME)
+        raise Unauthorized(INVALID_TOKEN, invalid_token=True)
 
 
 bearer_auth = BearerAuth(

@@ -15,6 +15,11 @@ from service.core.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
+# Why a request was refused, the same for every protocol (never quoting what the client sent).
+MISSING_TOKEN = "missing bearer token: send the header 'Authorization: Bearer <token>'"
+WRONG_SCHEME = "the Authorization header must be 'Bearer <token>'"
+INVALID_TOKEN = "invalid bearer token"
+
 RELOAD_INTERVAL_S = 1.0  # the file is stat()ed at most this often, so a check stays a hash and a few compares
 BEARER = "bearer"
 

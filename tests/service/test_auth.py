@@ -196,7 +196,8 @@ def test_a_file_that_goes_bad_keeps_the_last_tokens(
     if change == "deleted":
         token_file.unlink()
     else:
-        rewrite(token_file, {"empty": "", "comments only": "# rotated out\n", "unreadable": b"\xff\xfe bad"}[change])
+        versions: dict[str, str | bytes] = {"empty": "", "comments only": "# rotated out\n", "unreadable": b"\xff\xfe"}
+        rewrite(token_file, versions[change])
     clock.now += auth.RELOAD_INTERVAL_S
     with caplog.at_level(logging.WARNING, logger="service.core.auth"):
         assert all(store.check(t) for t in TOKENS)
