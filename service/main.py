@@ -14,17 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
+from service.api.deps import bearer_auth
 from service.api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from service.api.routes import explorer, health, inference, metrics, models, v2
 from service.api.routes.docs import install_docs
-from service.api.schemas import DecodeRequest, ImagesRequest, InferenceRequest
-from service.core.config import Settings
+from service.api.schemas import DecodeRequest, ErrorV1, ErrorV2, ImagesRequest, InferenceRequest
+from service.core.auth import TokenStore
+from service.core.config import ConfigError, Settings
 from service.core.errors import install_error_handlers
 from service.core.metrics import Metrics
 from service.runtime.registry import ModelRegistry
@@ -85,8 +87,21 @@ def openapi_with_bodies(app: FastAPI) -> Callable[[], dict[str, Any]]:
     return openapi
 
 
+def include_routers(app: FastAPI, settings: Settings) -> None:
+    """Every route; with a token file, /v1 and /v2 (but their health checks) need a bearer token, and /metrics
+    too with `auth_metrics`. The explorer page, its static files and the API docs hold no data: always open."""
+    auth = settings.auth_tokens_file is not None
+    guard = [Security(bearer_auth)] if auth else []
+    for module, error in ((models, ErrorV1), (inference, ErrorV1), (v2, ErrorV2)):
+        unauthorized: dict[int | str, dict[str, Any]] = {401: {"model": error, "description": "no valid bearer token"}}
+        app.include_router(module.router, dependencies=guard, responses=unauthorized if auth else None)
+    app.include_router(metrics.router, dependencies=guard if settings.auth_metrics else [])
+    for router in (v2.health_router, health.router, explorer.router):
+        app.include_router(router)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """The app; the models load when its lifespan starts."""
+    """The app; the models load when its lifespan starts. ConfigError for an unreadable or empty token file."""
     settings = settings or Settings()
     app = FastAPI(
         title="capsnet-serve",
@@ -97,13 +112,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.tokens = TokenStore.from_file(settings.auth_tokens_file) if settings.auth_tokens_file else None
     app.state.metrics = Metrics()
     app.state.registry = ModelRegistry(settings, app.state.metrics)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    for module in (models, inference, v2, health, metrics, explorer):
-        app.include_router(module.router)
+    include_routers(app, settings)
     install_docs(app)
     if explorer.STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")
@@ -170,6 +185,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"capsnet-serve: no model directories (with model.json) in {settings.model_repository}")
     except OSError as e:
         sys.exit(f"capsnet-serve: {e}")
+    try:
+        app = create_app(settings)
+    except ConfigError as e:
+        sys.exit(f"capsnet-serve: {e}")
     if args.dry_run:
         report = asyncio.run(_load_only(settings))
         print(json.dumps(report, indent=2))
@@ -178,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     # graceful shutdown exit with status 0 instead of dying by the signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

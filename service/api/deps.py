@@ -1,12 +1,16 @@
-"""Typed dependencies: the settings, the metrics, the model registry and the model a route addresses."""
+"""Typed dependencies: the settings, the model registry, the model a route addresses, and the bearer-token check."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from fastapi.security import HTTPBearer
+from starlette.requests import HTTPConnection
 
+from service.core.auth import INVALID_TOKEN, MISSING_TOKEN, WRONG_SCHEME, TokenStore, bearer_token
 from service.core.config import Settings
+from service.core.errors import Unauthorized
 from service.runtime.model import ServedModel
 from service.runtime.registry import ModelRegistry
 
@@ -31,3 +35,29 @@ async def named_model(registry: RegistryDep, name: Annotated[str, Path(descripti
 
 async def default_model(registry: RegistryDep) -> ServedModel:
     return registry.default()
+
+
+class BearerAuth(HTTPBearer):
+    """401 unless `Authorization: Bearer <token>` carries a token of the app's TokenStore.
+
+    An HTTPBearer, so that the routes it guards declare the scheme in OpenAPI (the Authorize button of /docs).
+    """
+
+    async def __call__(self, request: HTTPConnection) -> None:
+        tokens: TokenStore = request.app.state.tokens
+        header = request.headers.get("authorization")
+        token = bearer_token(header)
+        if tokens.check(token):
+            return
+        if header is None:
+            raise Unauthorized(MISSING_TOKEN)
+        if token is None:
+            raise Unauthorized(WRONG_SCHEME)
+        raise Unauthorized(INVALID_TOKEN, invalid_token=True)
+
+
+bearer_auth = BearerAuth(
+    scheme_name="bearer",
+    description="A token from the service's CAPSNET_AUTH_TOKENS_FILE.",
+    auto_error=False,
+)

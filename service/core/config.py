@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -16,6 +16,10 @@ BUNDLED_REPOSITORY = REPO_ROOT / "model" / "zoo"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 logger = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A setting the service cannot start with (e.g. an unreadable file it names); `capsnet-serve` exits with it."""
 
 
 def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> float | None:
@@ -94,3 +98,23 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         default=20_000_000, ge=1, description="Largest decoded image (width × height), checked before decoding."
     )
+
+    auth_tokens_file: Path | None = Field(
+        default=None,
+        description="File of bearer tokens, one per line (# comments); set: /v1 and /v2 (but health) need one.",
+    )
+    auth_metrics: bool = Field(default=False, description="With auth_tokens_file: /metrics needs a token too.")
+
+    @field_validator("auth_tokens_file", mode="before")
+    @classmethod
+    def _no_empty_path(cls, value: object) -> object:
+        """An empty value is a mistake (e.g. an unset variable in a template), not "authentication off"."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty path; unset the variable to turn authentication off")
+        return value
+
+    @model_validator(mode="after")
+    def _metrics_auth_needs_tokens(self) -> Settings:
+        if self.auth_metrics and self.auth_tokens_file is None:
+            raise ValueError("auth_metrics needs auth_tokens_file (CAPSNET_AUTH_TOKENS_FILE): no token to ask for")
+        return self

@@ -35,6 +35,16 @@ class InvalidInput(ServiceError):
     status, type = 400, "invalid_input"
 
 
+class Unauthorized(ServiceError):
+    """No valid bearer token; the message never repeats what the client sent."""
+
+    status, type = 401, "unauthorized"
+
+    def __init__(self, message: str, *, invalid_token: bool = False) -> None:
+        challenge = 'Bearer error="invalid_token"' if invalid_token else "Bearer"
+        super().__init__(message, headers={"WWW-Authenticate": challenge})
+
+
 class ModelNotFound(ServiceError):
     status, type = 404, "model_not_found"
 

@@ -2,6 +2,7 @@
 //   GET  /v1/models                      the served models (pose_shape, classes, has_decoder)
 //   POST /v1/models/{name}/capsules      lengths, poses and the 28×28 input the model received
 //   POST /v1/models/{name}/decode        a reconstruction (PNG) from poses, edited by the sliders
+// When the service answers 401 (CAPSNET_AUTH_TOKENS_FILE is set), the page asks for a bearer token.
 "use strict";
 
 (() => {
@@ -32,22 +33,71 @@
 
   async function api(path, options = {}) {
     let response;
-    try {
-      response = await fetch(path, options);
-    } catch (e) {
-      throw new ServiceError(`Cannot reach the service (${e.message}).`, 0);
-    }
-    if (!response.ok) {
-      let message = response.statusText || "request failed";
+    for (;;) {
+      const token = sessionStorage.getItem(TOKEN_KEY);
       try {
-        const body = await response.json();
-        if (body && typeof body.error === "string") message = body.error;
-      } catch (_) {
-        // not JSON: keep the status text
+        response = await fetch(path, withToken(options, token));
+      } catch (e) {
+        throw new ServiceError(`Cannot reach the service (${e.message}).`, 0);
       }
-      throw new ServiceError(message, response.status);
+      if (response.status !== 401) break;
+      // Then the same request again, with the token (at once if another one was entered meanwhile).
+      if (sessionStorage.getItem(TOKEN_KEY) === token) await askForToken(await errorMessage(response), token);
     }
+    if (!response.ok) throw new ServiceError(await errorMessage(response), response.status);
     return response;
+  }
+
+  async function errorMessage(response) {
+    try {
+      const body = await response.json();
+      if (body && typeof body.error === "string") return body.error;
+    } catch (_) {
+      // not JSON: the status text
+    }
+    return response.statusText || "request failed";
+  }
+
+  // ---- access token -----------------------------------------------------------------------------
+  // Kept in sessionStorage: this tab only, gone when it closes; never in localStorage or a cookie.
+
+  const TOKEN_KEY = "capsnet-serve.token";
+  let tokenPrompt = null; // one prompt shared by every request that met a 401 meanwhile
+
+  function withToken(options, token) {
+    if (!token) return options;
+    const headers = new Headers(options.headers);
+    headers.set("Authorization", `Bearer ${token}`);
+    return { ...options, headers };
+  }
+
+  // Show the token form with the service's reason (`rejected`: the token it refused); resolves once one is entered.
+  function askForToken(reason, rejected) {
+    if (tokenPrompt) return tokenPrompt;
+    sessionStorage.removeItem(TOKEN_KEY);
+    const form = $("token-form");
+    const input = $("token-input");
+    $("token-message").textContent = rejected
+      ? `The service did not accept the token (${reason}). Enter another one.`
+      : "This service needs an access token. Enter one to continue.";
+    setStatus("");
+    form.hidden = false;
+    input.value = "";
+    input.focus();
+    tokenPrompt = new Promise((resolve) => {
+      form.onsubmit = (event) => {
+        event.preventDefault();
+        const token = input.value;
+        if (!token) return;
+        sessionStorage.setItem(TOKEN_KEY, token);
+        input.value = "";
+        form.hidden = true;
+        form.onsubmit = null;
+        tokenPrompt = null;
+        resolve();
+      };
+    });
+    return tokenPrompt;
   }
 
   function modelPath(op) {

@@ -405,3 +405,55 @@ def test_api_docs_render_offline(browser: Any, server: Server, path: str, render
         assert not foreign, f"{path} reached outside the service: {foreign}"
     finally:
         ctx.close()
+
+
+EXPLORER_TOKEN = "explorer-token-1"
+
+
+@pytest.fixture(scope="module")
+def protected_base(browser_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same models behind bearer-token authentication."""
+    tokens = tmp_path_factory.mktemp("tokens") / "tokens"
+    tokens.write_text(f"# explorer test\n{EXPLORER_TOKEN}\n")
+    with running_server(browser_repository, CAPSNET_PROVIDER="cpu", CAPSNET_AUTH_TOKENS_FILE=str(tokens)) as (base, _):
+        yield base
+
+
+def enter_token(page: Any, token: str) -> None:
+    form = page.locator("#token-form")
+    form.wait_for(state="visible")
+    assert page.evaluate("document.activeElement.id") == "token-input"
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
+
+
+def test_a_protected_service_asks_for_a_token_and_keeps_it_for_the_tab(browser: Any, protected_base: str) -> None:
+    ctx = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = ctx.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    sent: list[str | None] = []
+    page.on("request", lambda r: sent.append(r.headers.get("authorization")) if "/v1/" in r.url else None)
+    page.goto(protected_base + "/")
+    message = page.locator("#token-message")
+    enter_token(page, "wrong-token")
+    wait_until(page, "() => document.getElementById('token-message').textContent.includes('did not accept')")
+    assert "invalid bearer token" in str(message.text_content())
+    assert page.evaluate("document.getElementById('token-input').value") == ""
+    screenshot(page, "explorer-token.png")
+    enter_token(page, EXPLORER_TOKEN)
+    wait_until(page, "() => document.querySelector('#model-select option:checked:not([disabled])') !== null")
+    assert page.locator("#token-form").is_hidden() and page.locator("#error").is_hidden()
+    draw_seven(page)
+    assert wait_prediction(page) != "–"
+    assert sent[:3] == [None, "Bearer wrong-token", f"Bearer {EXPLORER_TOKEN}"]
+    assert set(sent[3:]) == {f"Bearer {EXPLORER_TOKEN}"}  # every later call (capsules, decode) carries it
+    stored = "() => [sessionStorage.length, localStorage.length, document.cookie]"
+    assert page.evaluate(stored) == [1, 0, ""]  # the tab's session only
+    page.reload()  # the same tab keeps it
+    wait_until(page, "() => document.querySelector('#model-select option:checked:not([disabled])') !== null")
+    assert page.locator("#token-form").is_hidden()
+    other = ctx.new_page()  # another tab asks again
+    other.goto(protected_base + "/")
+    other.locator("#token-form").wait_for(state="visible")
+    assert "needs an access token" in str(other.locator("#token-message").text_content())
+    ctx.close()

@@ -33,6 +33,7 @@ from service.runtime.card import ModelCard
 from service.runtime.model import ServedModel
 
 router = APIRouter(tags=["v2 (Open Inference Protocol)"])
+health_router = APIRouter(tags=["v2 (Open Inference Protocol)"])  # stays open when the others need a token
 
 SERVER_NAME = "capsnet-serve"
 PLATFORM = "onnxruntime_onnx"
@@ -78,12 +79,12 @@ async def server_metadata() -> ServerMetadata:
     return ServerMetadata(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)
 
 
-@router.get("/v2/health/live", summary="Server live (200 true, 4xx false; empty body)")
+@health_router.get("/v2/health/live", summary="Server live (200 true, 4xx false; empty body)")
 async def server_live() -> Response:
     return Response(status_code=200)
 
 
-@router.get("/v2/health/ready", summary="Server ready: every model ready (200 true, 400 false; empty body)")
+@health_router.get("/v2/health/ready", summary="Server ready: every model ready (200 true, 400 false; empty body)")
 async def server_ready(registry: RegistryDep) -> Response:
     return Response(status_code=200 if registry.all_ready else 400)
 
