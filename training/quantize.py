@@ -60,6 +60,8 @@ DEFAULT_OPS = ("Conv",)
 DEFAULT_CALIBRATION_IMAGES = 512
 CALIBRATION_BATCH = 64
 EVAL_BATCH = 500
+INTEGER_OPS = frozenset({"ConvInteger", "MatMulInteger", "QGemm"})  # QOperator ops besides QLinear*
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 VERIFY_BATCHES = (1, 3, 64)  # 3: a batch size no calibration or evaluation batch has
 BENCH_BATCHES = (1, 32)
 
@@ -291,7 +293,8 @@ def _card(
 ) -> dict[str, Any]:
     """The parent's card with the int8 model's name, metrics, quantization and parent objects (docs/model-card.md)."""
     quantized = sorted(
-        {n.name for n in proto.graph.node if n.op_type in ("QLinearConv", "ConvInteger")} | _dequantized_weights(proto)
+        {n.name for n in proto.graph.node if n.op_type.startswith("QLinear") or n.op_type in INTEGER_OPS}
+        | _dequantized_weights(proto)
     )
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     card = {k: v for k, v in parent.items() if k != "files"}
@@ -305,7 +308,7 @@ def _card(
             "calibration": calibration,
             "op_types": list(opts.ops),
             "quantized": quantized,
-            "float32": "everything else: primary-capsule squash, the routing (einsum, softmax, matmuls), the decoder",
+            "float32_op_types": sorted({n.op_type for n in proto.graph.node if n.name not in quantized} - QDQ_OPS),
             "format": opts.quant_format.upper(),
             "per_channel": opts.per_channel,
             "activations": "uint8 (asymmetric, per tensor)",
