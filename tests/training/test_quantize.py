@@ -65,7 +65,7 @@ def session(path: Path) -> ort.InferenceSession:
 def test_card_records_quantization_parent_and_both_test_errors(zoo: Path, card: dict[str, Any]) -> None:
     parent = json.loads((zoo / "tiny" / "model.json").read_text())
     q = card["quantization"]
-    assert (q["method"], q["format"], q["per_channel"], q["op_types"]) == ("minmax", "QDQ", True, ["Conv"])
+    assert (q["method"], q["format"], q["per_channel"], q["op_types"]) == ("percentile", "QDQ", True, ["Conv"])
     assert q["onnxruntime"] == ort.__version__ and q["command"] == "c"
     assert q["calibration"]["images"] == CALIBRATION and q["calibration"]["seed"] == 3
     assert q["calibration"]["indices"] == calibration_indices(64, CALIBRATION, 3).tolist()
