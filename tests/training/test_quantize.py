@@ -224,3 +224,18 @@ def test_bench_rejects_a_directory_without_a_card(
 ) -> None:
     assert quantize.main(["bench", str(zoo / "tiny"), str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"capsnet-quantize bench: error: {tmp_path}/model.json: card not found")
+
+
+BUNDLED = Path(__file__).resolve().parents[2] / "model" / "zoo"
+
+
+@pytest.mark.skipif(not (BUNDLED / "capsnet-mnist-int8").is_dir(), reason="no bundled int8 model in model/zoo")
+def test_bundled_int8_model_matches_its_bundled_parent() -> None:
+    """Replacing the float32 bundle without re-running capsnet-quantize fails here; the README's default holds."""
+    child = json.loads((BUNDLED / "capsnet-mnist-int8" / "model.json").read_text())
+    parent = json.loads((BUNDLED / child["parent"]["name"] / "model.json").read_text())
+    assert child["parent"]["capsnet_onnx_sha256"] == parent["files"]["capsnet.onnx"]["sha256"]
+    assert child["parent"]["version"] == parent["version"]
+    assert child["metrics"]["parent"]["errors"] == parent["metrics"]["errors"]
+    assert child["metrics"]["n"] == 10000 and child["metrics"]["errors"] <= parent["metrics"]["errors"] + 3
+    assert parent["metrics"]["mnist_test_error"] <= child["metrics"]["mnist_test_error"]  # float32 stays the default
