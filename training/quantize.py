@@ -429,6 +429,8 @@ def benchmark(
     for path in (Path(baseline_dir), Path(candidate_dir)):
         card = check_model_dir(path)
         models[card["name"]] = (create_session(path / CAPSNET_ONNX, "cpu", threads), card)
+    if len(models) != 2:
+        raise QuantizeError(f"both model directories hold a model named {next(iter(models))!r}: nothing to compare")
     (base, (base_session, base_card)), (cand, (cand_session, _)) = models.items()
     rng = np.random.default_rng(0)
     shape = base_card["input"]["shape"][1:]

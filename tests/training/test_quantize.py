@@ -239,3 +239,11 @@ def test_bundled_int8_model_matches_its_bundled_parent() -> None:
     assert child["metrics"]["parent"]["errors"] == parent["metrics"]["errors"]
     assert child["metrics"]["n"] == 10000 and child["metrics"]["errors"] <= parent["metrics"]["errors"] + 3
     assert parent["metrics"]["mnist_test_error"] <= child["metrics"]["mnist_test_error"]  # float32 stays the default
+
+
+def test_bench_refuses_two_models_of_one_name(zoo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copytree(zoo / "tiny", tmp_path / "tiny")
+    assert quantize.main(["bench", str(zoo / "tiny"), str(tmp_path / "tiny")]) == 2
+    assert capsys.readouterr().err == (
+        "capsnet-quantize bench: error: both model directories hold a model named 'tiny': nothing to compare\n"
+    )
