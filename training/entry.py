@@ -36,3 +36,7 @@ def evaluate() -> int:
 
 def export() -> int:
     return _run("training.export", "capsnet-export")
+
+
+def quantize() -> int:
+    return _run("training.quantize", "capsnet-quantize")

@@ -35,7 +35,11 @@ def run_blocked(function: str, prog: str, blocked: set[str], args: list[str]) ->
 
 @pytest.mark.parametrize(
     ("function", "prog", "blocked"),
-    [("train", "capsnet-train", {"torch"}), ("export", "capsnet-export", {"onnx", "torch"})],
+    [
+        ("train", "capsnet-train", {"torch"}),
+        ("export", "capsnet-export", {"onnx", "torch"}),
+        ("quantize", "capsnet-quantize", {"onnx", "torch"}),
+    ],
 )
 def test_training_command_without_the_training_extra_says_how_to_install_it(
     function: str, prog: str, blocked: set[str]
