@@ -20,11 +20,11 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
-from service.api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.api.middleware import ServiceMiddleware
 from service.api.routes import explorer, health, inference, metrics, models, v2
 from service.api.schemas import DecodeRequest, ImagesRequest, InferenceRequest
 from service.core.config import Settings
-from service.core.errors import install_error_handlers
+from service.core.errors import describe_errors, install_error_handlers
 from service.core.metrics import Metrics
 from service.runtime.registry import ModelRegistry
 from service.runtime.repository import model_directories
@@ -92,8 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     app.state.registry = ModelRegistry(settings, app.state.metrics)
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(ServiceMiddleware, metrics=app.state.metrics, max_bytes=settings.max_body_bytes)
     for module in (models, inference, v2, health, metrics, explorer):
         app.include_router(module.router)
     if explorer.STATIC_DIR.is_dir():
@@ -153,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        problems = describe_errors(e.errors(), whole="settings")
         sys.exit(f"capsnet-serve: invalid settings (CAPSNET_* variables or options): {problems}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

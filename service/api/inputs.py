@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 
 from service.api.schemas import ImageInput, ImagesRequest, InputInfo
-from service.core.config import Settings
-from service.core.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType
+from service.core.config import Settings, env_name
+from service.core.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, describe_errors
 from service.imaging import ImageDecodeError, ImageLimits, array_from_pixels, decode_image, preprocess
 from service.runtime.card import ModelCard
 
@@ -26,6 +26,8 @@ Invert = Literal["auto", "true", "false"]
 INVERT_CHOICES: dict[str, bool | None] = {"auto": None, "true": True, "false": False}
 M = TypeVar("M", bound=BaseModel)
 IMAGE_CONTENT_TYPES = "multipart/form-data (image files) or application/json ({'images': [...]})"
+# The setting behind each ImageLimits field, named in the 413 a client gets for going over it.
+LIMIT_SETTINGS = {"max_pixels": "max_image_pixels", "max_bytes": "max_image_bytes"}
 
 
 @dataclass(frozen=True)
@@ -49,14 +51,11 @@ def media_type(request: Request) -> str:
 def image_error(e: ImageDecodeError, where: str) -> ServiceError:
     message = f"{where}: {e}"
     if e.status == 413:
-        return PayloadTooLarge(message)
+        setting = LIMIT_SETTINGS.get(e.limit or "")
+        return PayloadTooLarge(f"{message} ({env_name(setting)})" if setting else message)
     if e.status == 415:
         return UnsupportedMediaType(message)
     return InvalidInput(message)
-
-
-def pydantic_problem(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
 
 
 async def read_json(request: Request) -> Any:
@@ -82,7 +81,7 @@ def parse_model(cls: type[M], data: Any) -> M:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise InvalidInput(f"invalid request body: {pydantic_problem(e)}") from e
+        raise InvalidInput(f"invalid request body: {describe_errors(e.errors())}") from e
 
 
 def decode_base64(data: str, where: str) -> bytes:
@@ -185,7 +184,8 @@ def as_model_input(arrays: list[np.ndarray], card: ModelCard) -> np.ndarray:
 
 async def read_images(request: Request, card: ModelCard, settings: Settings, options: PreprocessOptions) -> ImageBatch:
     """All images of a v1 request, preprocessed into the model's input batch (its size from the card)."""
-    target = ImageTarget(card.image_size, options, ImageLimits(max_pixels=settings.max_image_pixels))
+    limits = ImageLimits(max_pixels=settings.max_image_pixels, max_bytes=settings.max_image_bytes)
+    target = ImageTarget(card.image_size, options, limits)
     kind = media_type(request)
     arrays: list[np.ndarray] = []
     info: list[InputInfo] = []

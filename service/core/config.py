@@ -94,3 +94,11 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         default=20_000_000, ge=1, description="Largest decoded image (width × height), checked before decoding."
     )
+    max_image_bytes: int = Field(
+        default=10 * 1024 * 1024, ge=1, description="Largest encoded image (a file part or decoded base64), in bytes."
+    )
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting, e.g. `max_image_pixels` -> `CAPSNET_MAX_IMAGE_PIXELS`."""
+    return f"{Settings.model_config.get('env_prefix', '')}{field}".upper()
