@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -141,6 +142,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before any model loads, so that a taken port fails at once with one clear line."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        sys.exit(f"capsnet-serve: cannot listen on {host}:{port}: {e.strerror or e}")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart over TIME_WAIT
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        sys.exit(
+            f"capsnet-serve: cannot listen on {host}:{port}: {e.strerror or e}; "
+            f"choose another with --port or CAPSNET_PORT (e.g. make serve PORT={port + 1 if port < 65535 else 8001})"
+        )
+    address = f"[{host}]" if ":" in host else host
+    logger.info("listening on http://%s:%d (Ctrl-C to quit)", address, sock.getsockname()[1])
+    return sock
+
+
+def serve(settings: Settings) -> None:
+    """Run the server until SIGTERM or Ctrl-C; exit 1 if it could not start."""
+    sock = listening_socket(settings.host, settings.port)
+    # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found; this one makes a
+    # graceful shutdown exit with status 0 instead of dying by the signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if not server.started:
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     overrides = {
@@ -164,17 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         report = asyncio.run(_load_only(settings))
         print(json.dumps(report, indent=2))
         sys.exit(0 if report["ready"] else 1)
-    # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found; this one makes a
-    # graceful shutdown exit with status 0 instead of dying by the signal.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
-    )
+    serve(settings)
 
 
 if __name__ == "__main__":

@@ -95,7 +95,8 @@ def test_decompression_bomb_is_refused_before_decoding(limited: TestClient) -> N
     assert len(bomb) < 50_000
     assert result(upload(limited, bomb, "bomb.png")) == error(
         413,
-        f"file 0 (bomb.png): image has 4000000 pixels, more than the limit of {LIMIT_PIXELS} (CAPSNET_MAX_IMAGE_PIXELS)",
+        f"file 0 (bomb.png): image has 4000000 pixels, more than the limit of {LIMIT_PIXELS} "
+        "(CAPSNET_MAX_IMAGE_PIXELS)",
         "payload_too_large",
     )
     still_serving(limited)
