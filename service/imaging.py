@@ -84,6 +84,15 @@ def decode_image(data: bytes, limits: ImageLimits) -> Image.Image:
         ImageDecodeError: 400 for empty, unrecognised, truncated or corrupt data; 413 for too many bytes or
             pixels; 415 for an image format Pillow knows but this service does not accept.
     """
+    return load_image(open_image(data, limits))
+
+
+def open_image(data: bytes, limits: ImageLimits) -> Image.Image:
+    """The image with only its header read (cheap: no pixel is decoded), its byte and pixel limits checked.
+
+    Raises:
+        ImageDecodeError: as ``decode_image``, for everything the header tells.
+    """
     if not data:
         raise ImageDecodeError(400, "image is empty (0 bytes)")
     if limits.max_bytes is not None and len(data) > limits.max_bytes:
@@ -96,6 +105,15 @@ def decode_image(data: bytes, limits: ImageLimits) -> Image.Image:
     width, height = img.size
     if width * height > limits.max_pixels:
         raise ImageDecodeError(413, _too_many_pixels(width * height, limits.max_pixels), "max_pixels")
+    return img
+
+
+def load_image(img: Image.Image) -> Image.Image:
+    """Decode the pixels of an image from ``open_image``: upright and grayscale, as ``decode_image`` says.
+
+    Raises:
+        ImageDecodeError: 400 for truncated or corrupt data.
+    """
     try:
         img.load()  # the first frame of an animation; truncated data fails here
     except Exception as e:  # any decoder failure on untrusted bytes is the client's problem, not a 500

@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
+from fastapi.telemetry import TelemetryConfig
 from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
@@ -39,6 +40,10 @@ DESCRIPTION = """Capsule Networks (Sabour et al. 2017; Hinton et al. 2018) serve
 * **v2** — the Open Inference Protocol (KServe v2) REST API, for stock clients.
 * Errors are JSON: `{"error": "...", "type": "..."}` under v1, `{"error": "..."}` under v2.
 """
+
+# FastAPI's OpenTelemetry hooks look up the global providers on every request; the service exports its own
+# Prometheus metrics (service.core.metrics), so they stay off.
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
 
 
 @asynccontextmanager
@@ -88,13 +93,19 @@ def openapi_with_bodies(app: FastAPI) -> Callable[[], dict[str, Any]]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The app; the models load when its lifespan starts."""
     settings = settings or Settings()
-    app = FastAPI(title="capsnet-serve", version=v2.server_version(), description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="capsnet-serve",
+        version=v2.server_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        telemetry=NO_TELEMETRY,
+    )
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.registry = ModelRegistry(settings, app.state.metrics)
     install_error_handlers(app)
     app.add_middleware(ServiceMiddleware, metrics=app.state.metrics, max_bytes=settings.max_body_bytes)
-    for module in (models, inference, v2, health, metrics, explorer):
+    for module in (inference, models, v2, health, metrics, explorer):  # the hot routes first: fewer to match
         app.include_router(module.router)
     if explorer.STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")

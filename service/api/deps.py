@@ -29,8 +29,9 @@ async def named_model(registry: RegistryDep, name: Annotated[str, Path(descripti
     return registry.get(name)
 
 
-async def addressed_model(request: Request, registry: RegistryDep) -> ServedModel:
+async def addressed_model(request: Request) -> ServedModel:
     """The model a v1 operation addresses: `/v1/models/{name}/<op>` names it, `/v1/<op>` means the default."""
+    registry: ModelRegistry = request.app.state.registry  # read directly: one dependency level per request
     name = request.path_params.get("name")
     return registry.default() if name is None else registry.get(name)
 

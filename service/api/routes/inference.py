@@ -355,8 +355,8 @@ OPERATIONS = (
 )  # fmt: skip
 # (path prefix, operation id suffix, which model, OpenAPI path parameters the endpoints do not declare themselves)
 ADDRESSES: tuple[tuple[str, str, str, list[dict[str, Any]]], ...] = (
-    ("/v1/models/{name}", "named", "the named model", [MODEL_NAME_PARAMETER]),
     ("/v1", "default", "the default model", []),
+    ("/v1/models/{name}", "named", "the named model", [MODEL_NAME_PARAMETER]),
 )
 
 
