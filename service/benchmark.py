@@ -515,8 +515,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(report(result))
     if args.json:
-        rows = {"raw": {k: [asdict(r) for r in v] for k, v in result["raw"].items()}}
-        args.json.write_text(json.dumps({**result, **rows, "http": [asdict(h) for h in result["http"]]}, indent=2))
+        raw = [{"model": name, **asdict(r)} for name, rows in result["raw"].items() for r in rows]  # flat: one table
+        args.json.write_text(json.dumps({**result, "raw": raw, "http": [asdict(h) for h in result["http"]]}, indent=2))
 
 
 if __name__ == "__main__":

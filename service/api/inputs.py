@@ -13,10 +13,8 @@ from fastapi import Request
 from PIL import Image
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
 
+from service.api.multipart import MalformedMultipart, parse_multipart
 from service.api.schemas import ImageInput, ImagesRequest, InputInfo
 from service.core.config import Settings, env_name
 from service.core.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, describe_errors
@@ -152,21 +150,18 @@ async def prepare_encoded(
     return array, InputInfo(source=source, filename=filename, inverted=inverted, normalized=normalized)
 
 
-async def read_multipart(request: Request, settings: Settings) -> list[tuple[bytes, str | None]]:
+async def read_multipart(request: Request) -> list[tuple[bytes, str | None]]:
+    """The file parts of a multipart body as (bytes, filename); a form field is a client mistake."""
     try:
-        form = await request.form(max_files=1000, max_fields=1000, max_part_size=settings.max_body_bytes)
-    except (MultiPartException, HTTPException) as e:  # Starlette turns MultiPartException into a 400 HTTPException
-        message = e.message if isinstance(e, MultiPartException) else e.detail
-        raise InvalidInput(f"malformed multipart body: {message}") from e
-    files = []
-    for key, value in form.multi_items():
-        if not isinstance(value, UploadFile):
+        parts = parse_multipart(request.headers.get("content-type", ""), await request.body())
+    except MalformedMultipart as e:
+        raise InvalidInput(f"malformed multipart body: {e}") from e
+    for part in parts:
+        if part.filename is None:
             raise InvalidInput(
-                f"unexpected form field {key!r}: send images as file parts; options go in the query string"
+                f"unexpected form field {part.name!r}: send images as file parts; options go in the query string"
             )
-        files.append((await value.read(), value.filename))
-    await form.close()
-    return files
+    return [(bytes(part.data), part.filename) for part in parts]
 
 
 def check_count(n: int, settings: Settings) -> None:
@@ -194,7 +189,7 @@ async def read_images(request: Request, card: ModelCard, settings: Settings, opt
     arrays: list[np.ndarray] = []
     info: list[InputInfo] = []
     if kind == "multipart/form-data":
-        files = await read_multipart(request, settings)
+        files = await read_multipart(request)
         check_count(len(files), settings)
         for i, (data, filename) in enumerate(files):
             array, meta = await prepare_encoded(data, "file", filename, f"file {i} ({filename})", target)

@@ -35,7 +35,7 @@ def test_benchmark_prints_raw_and_service_tables(
     assert f"served v1 PNG at concurrency 4 via python: {NO_DECODER}" in text
     assert "of this machine's float32 GEMM rate" in text
     result = json.loads(out.read_text())
-    assert [r["batch"] for r in result["raw"][TINY]] == [1, 4]
+    assert [(r["model"], r["batch"]) for r in result["raw"]] == [(m, b) for m in (TINY, NO_DECODER) for b in (1, 4)]
     assert result["command"].startswith("python -m service.benchmark --model-repository") and result["produced_at"]
     cells = [(h["model"], h["kind"], h["concurrency"]) for h in result["http"]]
     assert cells == [(m, k, c) for m in (TINY, NO_DECODER) for k in ("v1-png", "v2-binary") for c in (1, 4)]

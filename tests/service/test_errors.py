@@ -296,6 +296,11 @@ def test_no_images(client: TestClient) -> None:
     [
         ("multipart/form-data", b"x", "Missing boundary in multipart."),
         ("multipart/form-data; boundary=abc", b"--abc\r\nno headers\r\n--abc--", "Invalid multipart data."),
+        (
+            "multipart/form-data; boundary=abc",
+            b'--abc\r\nContent-Disposition: form-data; filename="a.png"\r\n\r\nxyz\r\n--abc--\r\n',
+            'The Content-Disposition header field "name" must be provided.',
+        ),
     ],
 )
 def test_malformed_multipart(client: TestClient, content_type: str, body: bytes, message: str) -> None:
