@@ -1,17 +1,18 @@
-"""Load benchmark: raw ONNX Runtime throughput by batch size against the HTTP service by concurrency.
+"""Load benchmark: raw ONNX Runtime beside the HTTP service, for every model, request kind and load generator.
 
-Runs, in one go and on one model: `capsnet.onnx` in ONNX Runtime directly (batch 1 … 128, with the
-service's own session options), then a real `capsnet-serve` process driven through
-`POST /v2/models/{name}/infer` with one image per request at each concurrency (like perf_analyzer),
-and prints throughput, latency percentiles and the service ÷ raw ratios, with the machine it ran on.
+Runs, in one go: each model's `capsnet.onnx` in ONNX Runtime directly (batch 1 … 128, with the service's own
+session options); a real `capsnet-serve` process over the whole repository, driven with one image per request
+(v1 multipart PNG, v1 base64 JSON, v2 JSON tensors, v2 binary tensors) by the built-in Python client and by
+`hey` and `wrk` where they are installed, each level alternating with raw ONNX Runtime so both see the same
+machine; the server's CPU time per request beside raw ONNX Runtime's CPU time per image; and raw ONNX Runtime's
+FLOP rate as a share of this machine's large float32 GEMM rate.
 
-    python -m service.benchmark [--model-repository DIR] [--model NAME] [--duration S]
+    python -m service.benchmark [--model-repository DIR] [--models A,B] [--kinds ...] [--drivers ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -30,13 +31,16 @@ import numpy as np
 import onnxruntime as ort
 
 from service.core.config import Settings, cgroup_cpu_limit
+from service.flops import GemmProbe, onnx_flops_per_image
+from service.loadgen import DRIVERS, KINDS, LoadResult, available_drivers, payload, run_load
 from service.runtime.card import GRAPH_FILE, ModelCard
 from service.runtime.repository import scan_repository
-from service.runtime.sessions import active_provider, create_session
+from service.runtime.sessions import create_session
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
-DEFAULT_CONCURRENCY = (1, 8, 32, 64)
+DEFAULT_CONCURRENCY = (1, 32)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
@@ -45,18 +49,23 @@ class RawRow:
     runs: int
     throughput: float  # images/s
     p50_ms: float
+    cpu_ms_per_image: float  # process CPU time (every ONNX Runtime thread) per image
 
 
 @dataclass
 class HttpRow:
+    model: str
+    kind: str  # v1-png, v1-json, v2-json, v2-binary
+    driver: str  # python, hey, wrk
     concurrency: int
     requests: int
     errors: int
     throughput: float  # requests/s (= images/s: one image per request)
     p50_ms: float
-    p90_ms: float
     p99_ms: float
+    server_cpu_ms: float | None  # server process CPU time per request (None without /proc)
     raw_throughput: float  # raw ONNX Runtime at the best batch, measured in the same rounds
+    raw_cpu_ms: float  # raw ONNX Runtime CPU time per image at the best batch, same rounds
     raw_batch1_p50_ms: float | None  # raw batch 1, measured in the same rounds (concurrency 1 only)
 
 
@@ -128,100 +137,130 @@ def raw_sweep(session: ort.InferenceSession, card: ModelCard, batches: list[int]
     for batch in batches:
         feed = random_feed(card, batch)
         raw_slice(session, feed, 0.0)  # warm-up
-        latencies = raw_slice(session, feed, seconds)
+        times = RawTimes([])
+        times.add(session, feed, seconds)
+        images = batch * len(times.latencies)
         rows.append(
-            RawRow(batch, len(latencies), batch * len(latencies) / sum(latencies), percentile_ms(latencies, 50))
+            RawRow(
+                batch,
+                len(times.latencies),
+                images / sum(times.latencies),
+                percentile_ms(times.latencies, 50),
+                1000 * times.cpu_s / images,
+            )
         )
-        print(f"  raw batch {batch:4d}: {rows[-1].throughput:9.1f} img/s  p50 {rows[-1].p50_ms:8.2f} ms", flush=True)
+        r = rows[-1]
+        print(f"  {card.name} raw batch {batch:4d}: {r.throughput:9.1f} img/s  p50 {r.p50_ms:8.2f} ms", flush=True)
     return rows
 
 
-def infer_request(card: ModelCard, host: str, port: int, binary: bool) -> bytes:
-    """One pre-encoded HTTP/1.1 request for one random image (all outputs)."""
-    image = np.random.default_rng(1).random((1, *card.image_shape), dtype=np.float32)
-    tensor: dict[str, Any] = {"name": card.input.name, "shape": list(image.shape), "datatype": "FP32"}
-    headers = {"Host": f"{host}:{port}"}
-    if binary:
-        raw = image.astype("<f4").tobytes()
-        tensor["parameters"] = {"binary_data_size": len(raw)}
-        head = json.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}}).encode()
-        body = head + raw
-        headers["Content-Type"] = "application/octet-stream"
-        headers["Inference-Header-Content-Length"] = str(len(head))
-    else:
-        tensor["data"] = image.ravel().tolist()
-        body = json.dumps({"inputs": [tensor]}).encode()
-        headers["Content-Type"] = "application/json"
-    headers["Content-Length"] = str(len(body))
-    lines = [f"POST /v2/models/{card.name}/infer HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-async def client(host: str, port: int, request: bytes, until: float, done: list[tuple[float, float, int]]) -> None:
-    """Keep one connection busy until `until`, recording (start, end, status) of every request."""
-    reader, writer = await asyncio.open_connection(host, port)
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process and all its threads, from /proc (None where there is none)."""
     try:
-        while time.perf_counter() < until:
-            t0 = time.perf_counter()
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.lower().split(b"\r\n")
-            length = next(int(line.split(b":", 1)[1]) for line in lines if line.startswith(b"content-length:"))
-            await reader.readexactly(length)
-            done.append((t0, time.perf_counter(), int(head[9:12])))
-    finally:
-        writer.close()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
 
 
-async def http_window(
-    host: str, port: int, request: bytes, concurrency: int, ramp: float, window: float
-) -> list[tuple[float, float, int]]:
-    """Steady load from `concurrency` connections; the requests that ended inside the window (after `ramp`
-    seconds), so neither the ramp-up nor the drain at the end counts."""
-    done: list[tuple[float, float, int]] = []
-    start = time.perf_counter()
-    first, last = start + ramp, start + ramp + window
-    await asyncio.gather(*(client(host, port, request, last, done) for _ in range(concurrency)))
-    return [d for d in done if first <= d[1] <= last]
+@dataclass
+class RawTimes:
+    """Raw ONNX Runtime latencies and CPU time gathered over several slices."""
+
+    latencies: list[float]
+    cpu_s: float = 0.0
+
+    def add(self, session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> None:
+        cpu = time.process_time()
+        self.latencies += raw_slice(session, feed, seconds)
+        self.cpu_s += time.process_time() - cpu
+
+
+def merged_percentile(results: list[LoadResult], q: int) -> float:
+    """The q-th percentile over every request, or (for a tool that reports percentiles only) their mean."""
+    if all(r.percentiles_ms is None for r in results):
+        return percentile_ms([x for r in results for x in r.latencies_s], q)
+    return float(np.mean([r.percentiles_ms[f"p{q}"] for r in results if r.percentiles_ms is not None]))
+
+
+@dataclass(frozen=True)
+class Level:
+    """One measured cell: a model, a request kind, a driver and a concurrency."""
+
+    card: ModelCard
+    kind: str
+    driver: str
+    concurrency: int
 
 
 def paired_level(
-    session: ort.InferenceSession,
-    card: ModelCard,
-    best_batch: int,
-    port: int,
-    request: bytes,
-    concurrency: int,
-    rounds: int,
-    window: float,
-) -> HttpRow:
+    session: ort.InferenceSession, best_batch: int, server: subprocess.Popen[bytes], port: int, level: Level,
+    rounds: int, window: float,
+) -> HttpRow:  # fmt: skip
     """Alternate raw ONNX Runtime (best batch; batch 1 too at concurrency 1) and the service, `rounds` times,
     so that both see the same machine: on a shared machine the load drifts within seconds."""
-    best_feed, one_feed = random_feed(card, best_batch), random_feed(card, 1)
-    raw: list[float] = []
-    raw_one: list[float] = []
-    done: list[tuple[float, float, int]] = []
-    ramp = 1.0 + 0.02 * concurrency
+    best_feed, one_feed = random_feed(level.card, best_batch), random_feed(level.card, 1)
+    raw, raw_one = RawTimes([]), RawTimes([])
+    results: list[LoadResult] = []
+    server_cpu: float | None = 0.0
+    request = payload(level.card, level.kind)
     for i in range(rounds):
         if i % 2:  # every other round the service goes first, so that neither side always follows the other
-            done += asyncio.run(http_window("127.0.0.1", port, request, concurrency, ramp, window))
-        raw += raw_slice(session, best_feed, window)
-        if concurrency == 1:
-            raw_one += raw_slice(session, one_feed, window)
+            server_cpu = _serve(server, port, level, request, window, results, server_cpu)
+        raw.add(session, best_feed, window)
+        if level.concurrency == 1:
+            raw_one.add(session, one_feed, window)
         if not i % 2:
-            done += asyncio.run(http_window("127.0.0.1", port, request, concurrency, ramp, window))
-    latencies = [end - start for start, end, _ in done]
+            server_cpu = _serve(server, port, level, request, window, results, server_cpu)
+    requests = sum(r.requests for r in results)
     return HttpRow(
-        concurrency,
-        len(done),
-        sum(status != 200 for _, _, status in done),
-        len(done) / (rounds * window),
-        percentile_ms(latencies, 50),
-        percentile_ms(latencies, 90),
-        percentile_ms(latencies, 99),
-        best_batch * len(raw) / sum(raw),
-        percentile_ms(raw_one, 50) if raw_one else None,
+        model=level.card.name,
+        kind=level.kind,
+        driver=level.driver,
+        concurrency=level.concurrency,
+        requests=requests,
+        errors=sum(r.errors for r in results),
+        throughput=requests / sum(r.seconds for r in results),
+        p50_ms=merged_percentile(results, 50),
+        p99_ms=merged_percentile(results, 99),
+        server_cpu_ms=1000 * server_cpu / requests if server_cpu is not None and requests else None,
+        raw_throughput=best_batch * len(raw.latencies) / sum(raw.latencies),
+        raw_cpu_ms=1000 * raw.cpu_s / (best_batch * len(raw.latencies)),
+        raw_batch1_p50_ms=percentile_ms(raw_one.latencies, 50) if raw_one.latencies else None,
     )
+
+
+def _serve(
+    server: subprocess.Popen[bytes], port: int, level: Level, request: Any, window: float,
+    results: list[LoadResult], server_cpu: float | None,
+) -> float | None:  # fmt: skip
+    """One service window: its result is appended to `results`; returns the server CPU seconds so far."""
+    before = process_cpu_seconds(server.pid)
+    results.append(run_load(level.driver, "127.0.0.1", port, request, level.concurrency, window))
+    after = process_cpu_seconds(server.pid)
+    if server_cpu is None or before is None or after is None:
+        return None
+    return server_cpu + after - before
+
+
+def gemm_shares(
+    sessions: dict[str, tuple[ModelCard, ort.InferenceSession]],
+    raw: dict[str, list[RawRow]],
+    rounds: int,
+    window: float,
+) -> dict[str, Any]:
+    """This machine's float32 GEMM rate and each model's fastest raw run at its best batch, alternated `rounds`
+    times; both are best-of, the rate each reaches when nothing else gets in the way."""
+    probe = GemmProbe()
+    fastest: dict[str, float] = {}
+    for _ in range(rounds):
+        probe.run(window / 2)
+        for name, (card, session) in sessions.items():
+            best = max(raw[name], key=lambda r: r.throughput).batch
+            latencies = raw_slice(session, random_feed(card, best), window / 2)
+            fastest[name] = max(fastest.get(name, 0.0), best / min(latencies))
+    print(f"float32 GEMM: {probe.best_gflops:.1f} GFLOP/s", flush=True)
+    return {"size": probe.size, "gflops": probe.best_gflops, "fastest_images_per_s": fastest}
 
 
 def free_port() -> int:
@@ -259,49 +298,94 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a is not None and b else "–"
+
+
+def fmt(value: float | None, spec: str = ".2f") -> str:
+    return "–" if value is None or value != value else format(value, spec)
+
+
 def report(result: dict[str, Any]) -> str:
-    raw: list[RawRow] = result["raw"]
-    http: list[HttpRow] = result["http"]
     m = result["machine"]
     lines = [
         f"machine: {m['cpu']}; {m['cpus_usable']} usable CPUs, cgroup quota {m['cgroup_cpu_quota']}; "
         f"load average {m['load_average_1m']:.1f} at start, {m['load_average_1m_end']:.1f} at end; "
+        f"CPUs {fmt(m['cpu_busy_percent_before'], '.0f')}% busy before; "
         f"{m['platform']}; Python {m['python']}; onnxruntime {m['onnxruntime']}",
-        f"model: {result['model']} ({result['provider']}, {result['threads']} intra-op threads); "
-        f"service: max_batch_size {result['settings']['max_batch_size']}, "
-        f"max_queue_delay_ms {result['settings']['max_queue_delay_ms']}; {result['encoding']} tensors, "
-        "one image per request",
+        f"service: {result['threads']} intra-op threads, max_batch_size {result['settings']['max_batch_size']}, "
+        f"max_queue_delay_ms {result['settings']['max_queue_delay_ms']}; one image per request",
+        "load generators: " + "; ".join(f"{d}: {note}" for d, note in result["drivers"].items()),
         "",
-        "| raw ONNX Runtime batch | throughput (img/s) | p50 latency (ms) |",
-        "|---:|---:|---:|",
-        *(f"| {r.batch} | {r.throughput:.1f} | {r.p50_ms:.2f} |" for r in raw),
-        "",
-        "| service concurrency | throughput (img/s) | p50 (ms) | p90 (ms) | p99 (ms) | errors "
-        f"| raw batch {result['best_batch']} alongside (img/s) | service ÷ raw |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *(
-            f"| {h.concurrency} | {h.throughput:.1f} | {h.p50_ms:.2f} | {h.p90_ms:.2f} | {h.p99_ms:.2f} | "
-            f"{h.errors} | {h.raw_throughput:.1f} | {h.throughput / h.raw_throughput:.0%} |"
-            for h in http
-        ),
-        "",
+        "| model | raw ONNX Runtime batch | throughput (img/s) | p50 (ms) | CPU per image (ms) |",
+        "|---|---:|---:|---:|---:|",
     ]
-    high = [h for h in http if h.concurrency >= 32]
-    if high:
-        worst = min(high, key=lambda h: h.throughput / h.raw_throughput)
+    for name, rows in result["raw"].items():
+        lines += [
+            f"| {name} | {r.batch} | {r.throughput:.1f} | {r.p50_ms:.2f} | {r.cpu_ms_per_image:.2f} |" for r in rows
+        ]
+    lines += [
+        "",
+        "| model | request | driver | concurrency | served (req/s) | raw best batch alongside (img/s) "
+        "| served ÷ raw | p50 (ms) | p99 (ms) | raw batch-1 p50 (ms) | server CPU per request (ms) "
+        "| raw CPU per image (ms) | errors |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    http: list[HttpRow] = result["http"]
+    lines += [
+        f"| {h.model} | {h.kind} | {h.driver} | {h.concurrency} | {h.throughput:.1f} | {h.raw_throughput:.1f} | "
+        f"{ratio(h.throughput, h.raw_throughput)} | {fmt(h.p50_ms)} | {fmt(h.p99_ms)} | {fmt(h.raw_batch1_p50_ms)} | "
+        f"{fmt(h.server_cpu_ms)} | {h.raw_cpu_ms:.2f} | {h.errors} |"
+        for h in http
+    ]
+    lines += ["", *summary_lines(result)]
+    return "\n".join(lines)
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The issue's targets, each from rows of this run: served ÷ raw at the highest concurrency, the latency added
+    at concurrency 1, each model's served throughput against the first model's, raw FLOP rate ÷ GEMM rate."""
+    http: list[HttpRow] = result["http"]
+    lines = []
+    top = max((h.concurrency for h in http), default=0)
+    for h in (h for h in http if h.kind == "v1-png" and h.concurrency == top and h.driver != "python"):
         lines.append(
-            f"concurrency >= 32: the service delivers at least {worst.throughput / worst.raw_throughput:.0%} "
-            "of raw ONNX Runtime's best batched throughput (target >= 80%)"
+            f"{h.model}, v1 PNG via {h.driver} at concurrency {top}: {h.throughput:.1f} req/s = "
+            f"{ratio(h.throughput, h.raw_throughput)} × raw ONNX Runtime's best batch alongside (target >= 0.80)"
         )
-    one = next((h for h in http if h.concurrency == 1), None)
-    if one and one.raw_batch1_p50_ms is not None:
+    for h in (h for h in http if h.kind == "v1-png" and h.concurrency == 1):
+        if h.raw_batch1_p50_ms is not None:
+            lines.append(
+                f"{h.model}, v1 PNG via {h.driver} at concurrency 1: p50 {h.p50_ms:.2f} ms vs raw batch-1 p50 "
+                f"{h.raw_batch1_p50_ms:.2f} ms: {h.p50_ms - h.raw_batch1_p50_ms:+.2f} ms (target <= +1.0 ms)"
+            )
+    models = list(result["raw"])
+    for driver in dict.fromkeys(h.driver for h in http):
+        served = {h.model: h.throughput for h in http if (h.kind, h.driver, h.concurrency) == ("v1-png", driver, top)}
+        for other in models[1:]:
+            if models[0] in served and other in served:
+                lines.append(
+                    f"served v1 PNG at concurrency {top} via {driver}: {other} {served[other]:.1f} req/s = "
+                    f"{ratio(served[other], served[models[0]])} × {models[0]} ({served[models[0]]:.1f} req/s)"
+                )
+    gemm = result["gemm"]
+    for name, flops in result["flops_per_image"].items():
+        if flops is None:
+            lines.append(f"{name}: GEMM share not measured ({result['flops_notes'][name]})")
+            continue
+        rate = flops * gemm["fastest_images_per_s"][name] / 1e9
         lines.append(
-            f"concurrency 1: service p50 {one.p50_ms:.2f} ms vs raw batch-1 p50 {one.raw_batch1_p50_ms:.2f} ms: "
-            f"{one.p50_ms - one.raw_batch1_p50_ms:+.2f} ms (target <= +1.5 ms)"
+            f"{name}: raw ONNX Runtime's fastest run does {rate:.1f} GFLOP/s ({flops / 1e6:.1f} MFLOP per image) = "
+            f"{rate / gemm['gflops']:.0%} of this machine's float32 GEMM rate ({gemm['gflops']:.1f} GFLOP/s, numpy "
+            f"{gemm['size']}×{gemm['size']} matmul, alternated with it); FLOPs {result['flops_notes'][name]}"
         )
     if result.get("server_peak_rss_mib") is not None:
         lines.append(f"service peak resident memory under this load: {result['server_peak_rss_mib']:.0f} MiB (VmHWM)")
-    return "\n".join(lines)
+    return lines
+
+
+def csv_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -313,7 +397,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=defaults.model_repository,
         help=f"model repository (default: {defaults.model_repository})",
     )
-    parser.add_argument("--model", help="model to measure (default: the first ready model of the repository)")
+    parser.add_argument("--models", help="comma-separated models to measure (default: every model of the repository)")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"request kinds, comma-separated (default: {','.join(KINDS)})"
+    )
+    parser.add_argument(
+        "--drivers",
+        default=",".join(DRIVERS),
+        help=f"load generators, comma-separated; an absent hey or wrk is skipped (default: {','.join(DRIVERS)})",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -327,12 +419,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="raw batch sizes (default: 1,2,…,128)"
     )
     parser.add_argument(
-        "--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)), help="HTTP concurrencies (default: 1,8,32,64)"
+        "--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)), help="HTTP concurrencies (default: 1,32)"
     )
     parser.add_argument(
-        "--duration", type=float, default=8.0, help="seconds measured per raw batch and per concurrency (default: 8)"
+        "--duration", type=float, default=4.0, help="seconds measured per raw batch and per level (default: 4)"
     )
-    parser.add_argument("--rounds", type=int, default=4, help="raw/service alternations per concurrency (default: 4)")
+    parser.add_argument("--rounds", type=int, default=2, help="raw/service alternations per level (default: 2)")
     parser.add_argument(
         "--max-batch-size",
         type=int,
@@ -345,43 +437,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=defaults.max_queue_delay_ms,
         help=f"service max queue delay (default: the service's, {defaults.max_queue_delay_ms})",
     )
-    parser.add_argument(
-        "--encoding",
-        choices=["binary", "json"],
-        default="binary",
-        help="tensor encoding of the requests: binary (perf_analyzer's default) or json (default: binary)",
-    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here (default: none)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = [k for k in csv_list(args.kinds) if k not in KINDS] + [
+        d for d in csv_list(args.drivers) if d not in DRIVERS
+    ]
+    if unknown:
+        parser.error(
+            f"unknown request kind or driver {unknown}; kinds: {', '.join(KINDS)}; drivers: {', '.join(DRIVERS)}"
+        )
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    models = [m for m in scan_repository(args.model_repository) if m.card is not None]
-    if args.model:
-        models = [m for m in models if m.name == args.model]
-    if not models:
-        sys.exit(f"no usable model {args.model or ''} in {args.model_repository}")
-    entry = models[0]
-    assert entry.card is not None
-    card = entry.card
-    batches = [int(b) for b in args.batches.split(",")]
-    concurrency = [int(c) for c in args.concurrency.split(",")]
+    entries = [m for m in scan_repository(args.model_repository) if m.card is not None]
+    if args.models:
+        entries = [m for m in entries if m.name in csv_list(args.models)]
+    if not entries:
+        sys.exit(f"no usable model {args.models or ''} in {args.model_repository}")
+    drivers, notes = available_drivers(csv_list(args.drivers))
+    if not drivers:
+        sys.exit(f"no load generator can run here: {notes}")
+    batches = [int(b) for b in csv_list(args.batches)]
+    concurrency = [int(c) for c in csv_list(args.concurrency)]
     result: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "service.benchmark", *(sys.argv[1:] if argv is None else argv)]),
         "produced_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
-        "model": card.name,
         "threads": args.threads,
-        "encoding": args.encoding,
+        "drivers": notes,
         "settings": {"max_batch_size": args.max_batch_size, "max_queue_delay_ms": args.max_queue_delay_ms},
+        "raw": {},
+        "flops_per_image": {},
+        "flops_notes": {},
+        "http": [],
     }
-    print(f"benchmarking {card.name} from {entry.path}", flush=True)
-    session = create_session(entry.path / GRAPH_FILE, args.provider, args.threads)
-    result["provider"] = active_provider(session)
-    result["raw"] = raw_sweep(session, card, batches, args.duration / args.rounds)
-    best = max(result["raw"], key=lambda r: r.throughput)
-    result["best_batch"] = best.batch
+    print("load generators: " + "; ".join(f"{d}: {n}" for d, n in notes.items()), flush=True)
+    sessions = {}
+    for entry in entries:
+        assert entry.card is not None
+        print(f"benchmarking {entry.card.name} from {entry.path}", flush=True)
+        session = create_session(entry.path / GRAPH_FILE, args.provider, args.threads)
+        sessions[entry.card.name] = (entry.card, session)
+        result["raw"][entry.card.name] = raw_sweep(session, entry.card, batches, args.duration / args.rounds)
+        flops, note = onnx_flops_per_image(entry.path / GRAPH_FILE)
+        result["flops_per_image"][entry.card.name], result["flops_notes"][entry.card.name] = flops, note
+    result["gemm"] = gemm_shares(sessions, result["raw"], args.rounds, args.duration / args.rounds)
     port = free_port()
     env = {
         "CAPSNET_INTRA_OP_THREADS": str(args.threads),
@@ -392,16 +494,19 @@ def main(argv: list[str] | None = None) -> None:
     }
     server = start_server(args.model_repository, port, env)
     try:
-        request = infer_request(card, "127.0.0.1", port, args.encoding == "binary")
-        result["http"] = []
-        for c in concurrency:
-            row = paired_level(session, card, best.batch, port, request, c, args.rounds, args.duration / args.rounds)
-            result["http"].append(row)
-            print(
-                f"  service concurrency {c:3d}: {row.throughput:9.1f} img/s  p50 {row.p50_ms:8.2f} ms  "
-                f"(raw alongside {row.raw_throughput:.1f} img/s)",
-                flush=True,
-            )
+        for name, (card, session) in sessions.items():
+            best = max(result["raw"][name], key=lambda r: r.throughput).batch
+            for kind in csv_list(args.kinds):
+                for driver in drivers:
+                    for c in concurrency:
+                        level = Level(card, kind, driver, c)
+                        row = paired_level(session, best, server, port, level, args.rounds, args.duration / args.rounds)
+                        result["http"].append(row)
+                        print(
+                            f"  {name} {kind} {driver} c={c}: {row.throughput:9.1f} req/s  p50 {row.p50_ms:8.2f} ms  "
+                            f"(raw alongside {row.raw_throughput:.1f} img/s)",
+                            flush=True,
+                        )
         result["server_peak_rss_mib"] = peak_rss_mib(server.pid)
     finally:
         server.terminate()
@@ -410,8 +515,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(report(result))
     if args.json:
-        rows = {key: [asdict(r) for r in result[key]] for key in ("raw", "http")}
-        args.json.write_text(json.dumps({**result, **rows}, indent=2))
+        raw = [{"model": name, **asdict(r)} for name, rows in result["raw"].items() for r in rows]  # flat: one table
+        args.json.write_text(json.dumps({**result, "raw": raw, "http": [asdict(h) for h in result["http"]]}, indent=2))
 
 
 if __name__ == "__main__":

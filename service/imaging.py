@@ -53,11 +53,15 @@ class ImageLimits:
 
 
 class ImageDecodeError(ValueError):
-    """Bad image input; ``status`` is the HTTP status it deserves (400, 413 or 415) and str() names the problem."""
+    """Bad image input; ``status`` is the HTTP status it deserves (400, 413 or 415) and str() names the problem.
 
-    def __init__(self, status: int, message: str) -> None:
+    ``limit`` names the ``ImageLimits`` field a 413 went over (``"max_bytes"`` or ``"max_pixels"``), else None.
+    """
+
+    def __init__(self, status: int, message: str, limit: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.limit = limit
 
 
 @dataclass
@@ -80,16 +84,36 @@ def decode_image(data: bytes, limits: ImageLimits) -> Image.Image:
         ImageDecodeError: 400 for empty, unrecognised, truncated or corrupt data; 413 for too many bytes or
             pixels; 415 for an image format Pillow knows but this service does not accept.
     """
+    return load_image(open_image(data, limits))
+
+
+def open_image(data: bytes, limits: ImageLimits) -> Image.Image:
+    """The image with only its header read (cheap: no pixel is decoded), its byte and pixel limits checked.
+
+    Raises:
+        ImageDecodeError: as ``decode_image``, for everything the header tells.
+    """
     if not data:
         raise ImageDecodeError(400, "image is empty (0 bytes)")
     if limits.max_bytes is not None and len(data) > limits.max_bytes:
-        raise ImageDecodeError(413, f"image is {len(data)} bytes, more than the limit of {limits.max_bytes}")
+        raise ImageDecodeError(
+            413, f"image is {len(data)} bytes, more than the limit of {limits.max_bytes}", "max_bytes"
+        )
     img = _open_header(data, SUPPORTED_FORMATS, limits)
     if img is None:
         raise _unreadable(data, limits)
     width, height = img.size
     if width * height > limits.max_pixels:
-        raise ImageDecodeError(413, _too_many_pixels(width * height, limits.max_pixels))
+        raise ImageDecodeError(413, _too_many_pixels(width * height, limits.max_pixels), "max_pixels")
+    return img
+
+
+def load_image(img: Image.Image) -> Image.Image:
+    """Decode the pixels of an image from ``open_image``: upright and grayscale, as ``decode_image`` says.
+
+    Raises:
+        ImageDecodeError: 400 for truncated or corrupt data.
+    """
     try:
         img.load()  # the first frame of an animation; truncated data fails here
     except Exception as e:  # any decoder failure on untrusted bytes is the client's problem, not a 500
@@ -106,7 +130,7 @@ def _open_header(data: bytes, formats: tuple[str, ...] | None, limits: ImageLimi
         try:
             return Image.open(io.BytesIO(data), formats=formats)
         except Image.DecompressionBombError as e:
-            raise ImageDecodeError(413, _pillow_bomb_message(e, limits)) from e
+            raise ImageDecodeError(413, _pillow_bomb_message(e, limits), "max_pixels") from e
         except Exception:  # UnidentifiedImageError, or a plugin choking on a malformed header
             return None
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,17 +18,18 @@ import uvicorn
 from fastapi import FastAPI, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
+from fastapi.telemetry import TelemetryConfig
 from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
 from service.api.deps import bearer_auth
-from service.api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.api.middleware import ServiceMiddleware
 from service.api.routes import explorer, health, inference, metrics, models, v2
 from service.api.routes.docs import install_docs
 from service.api.schemas import DecodeRequest, ErrorV1, ErrorV2, ImagesRequest, InferenceRequest
 from service.core.auth import TokenStore
 from service.core.config import ConfigError, Settings
-from service.core.errors import install_error_handlers
+from service.core.errors import describe_errors, install_error_handlers
 from service.core.metrics import Metrics
 from service.runtime.registry import ModelRegistry
 from service.runtime.repository import model_directories
@@ -41,6 +43,10 @@ DESCRIPTION = """Capsule Networks (Sabour et al. 2017; Hinton et al. 2018) serve
 * **v2** — the Open Inference Protocol (KServe v2) REST API, for stock clients.
 * Errors are JSON: `{"error": "...", "type": "..."}` under v1, `{"error": "..."}` under v2.
 """
+
+# FastAPI's OpenTelemetry hooks look up the global providers on every request; the service exports its own
+# Prometheus metrics (service.core.metrics), so they stay off.
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
 
 
 @asynccontextmanager
@@ -110,14 +116,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # install_docs serves /docs and /redoc from local assets, not a CDN
         redoc_url=None,
+        telemetry=NO_TELEMETRY,
     )
     app.state.settings = settings
     app.state.tokens = TokenStore.from_file(settings.auth_tokens_file) if settings.auth_tokens_file else None
     app.state.metrics = Metrics()
     app.state.registry = ModelRegistry(settings, app.state.metrics)
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(ServiceMiddleware, metrics=app.state.metrics, max_bytes=settings.max_body_bytes)
     include_routers(app, settings)
     install_docs(app)
     if explorer.STATIC_DIR.is_dir():
@@ -166,6 +172,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before any model loads, so that a taken port fails at once with one clear line."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        sys.exit(f"capsnet-serve: cannot listen on {host}:{port}: {e.strerror or e}")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart over TIME_WAIT
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        sys.exit(
+            f"capsnet-serve: cannot listen on {host}:{port}: {e.strerror or e}; "
+            f"choose another with --port or CAPSNET_PORT (e.g. make serve PORT={port + 1 if port < 65535 else 8001})"
+        )
+    address = f"[{host}]" if ":" in host else host
+    logger.info("listening on http://%s:%d (Ctrl-C to quit)", address, sock.getsockname()[1])
+    return sock
+
+
+def serve(settings: Settings, app: FastAPI) -> None:
+    """Run `app` until SIGTERM or Ctrl-C; exit 1 if it could not start."""
+    sock = listening_socket(settings.host, settings.port)
+    # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found; this one makes a
+    # graceful shutdown exit with status 0 instead of dying by the signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if not server.started:
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     overrides = {
@@ -177,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        problems = describe_errors(e.errors(), whole="settings")
         sys.exit(f"capsnet-serve: invalid settings (CAPSNET_* variables or options): {problems}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -193,17 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         report = asyncio.run(_load_only(settings))
         print(json.dumps(report, indent=2))
         sys.exit(0 if report["ready"] else 1)
-    # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found; this one makes a
-    # graceful shutdown exit with status 0 instead of dying by the signal.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.access_log,
-        timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
-    )
+    serve(settings, app)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPBearer
@@ -33,8 +33,22 @@ async def named_model(registry: RegistryDep, name: Annotated[str, Path(descripti
     return registry.get(name)
 
 
-async def default_model(registry: RegistryDep) -> ServedModel:
-    return registry.default()
+async def addressed_model(request: Request) -> ServedModel:
+    """The model a v1 operation addresses: `/v1/models/{name}/<op>` names it, `/v1/<op>` means the default."""
+    registry: ModelRegistry = request.app.state.registry  # read directly: one dependency level per request
+    name = request.path_params.get("name")
+    return registry.default() if name is None else registry.get(name)
+
+
+ModelDep = Annotated[ServedModel, Depends(addressed_model)]
+# `addressed_model` reads `name` from the path itself, so the routes that have it document it with this.
+MODEL_NAME_PARAMETER: dict[str, Any] = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "model name",
+    "schema": {"type": "string", "title": "Name"},
+}
 
 
 class BearerAuth(HTTPBearer):

@@ -10,22 +10,26 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import Request
+from PIL import Image
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
 
+from service.api.multipart import MalformedMultipart, parse_multipart
 from service.api.schemas import ImageInput, ImagesRequest, InputInfo
-from service.core.config import Settings
-from service.core.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType
-from service.imaging import ImageDecodeError, ImageLimits, array_from_pixels, decode_image, preprocess
+from service.core.config import Settings, env_name
+from service.core.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, describe_errors
+from service.imaging import ImageDecodeError, ImageLimits, array_from_pixels, load_image, open_image, preprocess
 from service.runtime.card import ModelCard
 
 Invert = Literal["auto", "true", "false"]
 INVERT_CHOICES: dict[str, bool | None] = {"auto": None, "true": True, "false": False}
 M = TypeVar("M", bound=BaseModel)
+# Images up to this many pixels are decoded and prepared on the event loop (well under a millisecond): for them
+# a worker thread would cost more than the work. Larger ones go to a thread so the loop keeps serving.
+INLINE_PIXELS = 128 * 128
 IMAGE_CONTENT_TYPES = "multipart/form-data (image files) or application/json ({'images': [...]})"
+# The setting behind each ImageLimits field, named in the 413 a client gets for going over it.
+LIMIT_SETTINGS = {"max_pixels": "max_image_pixels", "max_bytes": "max_image_bytes"}
 
 
 @dataclass(frozen=True)
@@ -49,14 +53,11 @@ def media_type(request: Request) -> str:
 def image_error(e: ImageDecodeError, where: str) -> ServiceError:
     message = f"{where}: {e}"
     if e.status == 413:
-        return PayloadTooLarge(message)
+        setting = LIMIT_SETTINGS.get(e.limit or "")
+        return PayloadTooLarge(f"{message} ({env_name(setting)})" if setting else message)
     if e.status == 415:
         return UnsupportedMediaType(message)
     return InvalidInput(message)
-
-
-def pydantic_problem(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
 
 
 async def read_json(request: Request) -> Any:
@@ -82,7 +83,7 @@ def parse_model(cls: type[M], data: Any) -> M:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise InvalidInput(f"invalid request body: {pydantic_problem(e)}") from e
+        raise InvalidInput(f"invalid request body: {describe_errors(e.errors())}") from e
 
 
 def decode_base64(data: str, where: str) -> bytes:
@@ -120,11 +121,9 @@ def data_url_payload(url: str, where: str) -> str:
     return payload
 
 
-def prepare_file(
-    data: bytes, size: tuple[int, int], options: PreprocessOptions, limits: ImageLimits
-) -> tuple[np.ndarray, bool, bool]:
-    """Decode and preprocess one encoded image to ``size`` (height, width) (CPU work: call in a thread)."""
-    result = preprocess(decode_image(data, limits), size, invert=options.invert, normalize=options.normalize)
+def prepare_image(img: Image.Image, size: tuple[int, int], options: PreprocessOptions) -> tuple[np.ndarray, bool, bool]:
+    """Decode and preprocess one opened image to ``size`` (height, width)."""
+    result = preprocess(load_image(img), size, invert=options.invert, normalize=options.normalize)
     return result.array, result.inverted, result.normalized
 
 
@@ -141,29 +140,28 @@ async def prepare_encoded(
     data: bytes, source: str, filename: str | None, where: str, target: ImageTarget
 ) -> tuple[np.ndarray, InputInfo]:
     try:
-        array, inverted, normalized = await run_in_threadpool(
-            prepare_file, data, target.size, target.options, target.limits
-        )
+        img = open_image(data, target.limits)  # the header only: limits checked before any pixel is decoded
+        if img.width * img.height <= INLINE_PIXELS:
+            array, inverted, normalized = prepare_image(img, target.size, target.options)
+        else:
+            array, inverted, normalized = await run_in_threadpool(prepare_image, img, target.size, target.options)
     except ImageDecodeError as e:
         raise image_error(e, where) from e
     return array, InputInfo(source=source, filename=filename, inverted=inverted, normalized=normalized)
 
 
-async def read_multipart(request: Request, settings: Settings) -> list[tuple[bytes, str | None]]:
+async def read_multipart(request: Request) -> list[tuple[bytes, str | None]]:
+    """The file parts of a multipart body as (bytes, filename); a form field is a client mistake."""
     try:
-        form = await request.form(max_files=1000, max_fields=1000, max_part_size=settings.max_body_bytes)
-    except (MultiPartException, HTTPException) as e:  # Starlette turns MultiPartException into a 400 HTTPException
-        message = e.message if isinstance(e, MultiPartException) else e.detail
-        raise InvalidInput(f"malformed multipart body: {message}") from e
-    files = []
-    for key, value in form.multi_items():
-        if not isinstance(value, UploadFile):
+        parts = parse_multipart(request.headers.get("content-type", ""), await request.body())
+    except MalformedMultipart as e:
+        raise InvalidInput(f"malformed multipart body: {e}") from e
+    for part in parts:
+        if part.filename is None:
             raise InvalidInput(
-                f"unexpected form field {key!r}: send images as file parts; options go in the query string"
+                f"unexpected form field {part.name!r}: send images as file parts; options go in the query string"
             )
-        files.append((await value.read(), value.filename))
-    await form.close()
-    return files
+    return [(bytes(part.data), part.filename) for part in parts]
 
 
 def check_count(n: int, settings: Settings) -> None:
@@ -185,12 +183,13 @@ def as_model_input(arrays: list[np.ndarray], card: ModelCard) -> np.ndarray:
 
 async def read_images(request: Request, card: ModelCard, settings: Settings, options: PreprocessOptions) -> ImageBatch:
     """All images of a v1 request, preprocessed into the model's input batch (its size from the card)."""
-    target = ImageTarget(card.image_size, options, ImageLimits(max_pixels=settings.max_image_pixels))
+    limits = ImageLimits(max_pixels=settings.max_image_pixels, max_bytes=settings.max_image_bytes)
+    target = ImageTarget(card.image_size, options, limits)
     kind = media_type(request)
     arrays: list[np.ndarray] = []
     info: list[InputInfo] = []
     if kind == "multipart/form-data":
-        files = await read_multipart(request, settings)
+        files = await read_multipart(request)
         check_count(len(files), settings)
         for i, (data, filename) in enumerate(files):
             array, meta = await prepare_encoded(data, "file", filename, f"file {i} ({filename})", target)

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware (cheaper than BaseHTTPMiddleware): request metrics and the body size limit."""
+"""The one ASGI layer in front of the routes: request metrics and the body size limit (pure ASGI: no per-request
+objects beyond a closure, unlike BaseHTTPMiddleware)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,25 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.core.config import env_name
 from service.core.errors import PayloadTooLarge, error_body
 from service.core.metrics import Metrics
 
 # Label values come from this set: h11 (uvicorn without httptools) passes any token as a method.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+PROTOCOL = "http"  # the `protocol` label of the request metrics (the gRPC server counts as "grpc")
 
 
-class MetricsMiddleware:
-    """Counts requests by route template (not raw path), method and status: labels a client cannot multiply."""
+class ServiceMiddleware:
+    """Counts requests by route template (not raw path), method and status, labels a client cannot multiply;
+    answers 413 for a body over `max_bytes`: at once from Content-Length, or while a chunked body streams in."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_bytes: int) -> None:
+        self.app, self.metrics, self.max_bytes = app, metrics, max_bytes
+
+    def too_large(self, size: int | None) -> str:
+        told = f" ({size} bytes)" if size is not None else ""
+        return f"request body too large{told}: the limit is {self.max_bytes} bytes ({env_name('max_body_bytes')})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,32 +42,22 @@ class MetricsMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_status)
+            declared = self.declared_length(scope)
+            if declared is not None and declared > self.max_bytes:
+                await self.reject(scope, send_with_status, self.too_large(declared))
+            else:
+                await self.app(scope, self.counted(receive), send_with_status)
         finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = scope["method"] if scope["method"] in METHODS else "other"
-            self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
-            self.metrics.request_latency.labels(route=route, method=method).observe(time.perf_counter() - start)
+            self.observe(scope, status, time.perf_counter() - start)
 
+    @staticmethod
+    def declared_length(scope: Scope) -> int | None:
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                return int(value) if value.isdigit() else None
+        return None
 
-class BodyLimitMiddleware:
-    """413 for a body over `max_bytes`: at once from Content-Length, or while a chunked body streams in."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    def message(self, size: int | None) -> str:
-        told = f" ({size} bytes)" if size is not None else ""
-        return f"request body too large{told}: the limit is {self.max_bytes} bytes (CAPSNET_MAX_BODY_BYTES)"
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self.reject(scope, send, self.message(int(declared)))
-            return
+    def counted(self, receive: Receive) -> Receive:
         received = 0
 
         async def counted_receive() -> Message:
@@ -68,12 +66,19 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise PayloadTooLarge(self.message(None))
+                    raise PayloadTooLarge(self.too_large(None))
             return message
 
-        await self.app(scope, counted_receive, send)
+        return counted_receive
 
-    async def reject(self, scope: Scope, send: Send, message: str) -> None:
+    def observe(self, scope: Scope, status: int, seconds: float) -> None:
+        route = getattr(scope.get("route"), "path", None) or "unmatched"
+        method = scope["method"] if scope["method"] in METHODS else "other"
+        self.metrics.requests.labels(protocol=PROTOCOL, route=route, method=method, status=str(status)).inc()
+        self.metrics.request_latency.labels(protocol=PROTOCOL, route=route, method=method).observe(seconds)
+
+    @staticmethod
+    async def reject(scope: Scope, send: Send, message: str) -> None:
         body = json.dumps(error_body(scope["path"], message, PayloadTooLarge.type)).encode()
         headers = [
             (b"content-type", b"application/json"),

@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         default=20_000_000, ge=1, description="Largest decoded image (width × height), checked before decoding."
     )
+    max_image_bytes: int = Field(
+        default=10 * 1024 * 1024, ge=1, description="Largest encoded image (a file part or decoded base64), in bytes."
+    )
 
     auth_tokens_file: Path | None = Field(
         default=None,
@@ -118,3 +121,8 @@ class Settings(BaseSettings):
         if self.auth_metrics and self.auth_tokens_file is None:
             raise ValueError("auth_metrics needs auth_tokens_file (CAPSNET_AUTH_TOKENS_FILE): no token to ask for")
         return self
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting, e.g. `max_image_pixels` -> `CAPSNET_MAX_IMAGE_PIXELS`."""
+    return f"{Settings.model_config.get('env_prefix', '')}{field}".upper()

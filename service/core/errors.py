@@ -7,6 +7,7 @@ other route answers `{"error": "<message>", "type": "<error type>"}`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -100,20 +101,41 @@ def error_response(
     return JSONResponse(error_body(request.url.path, message, error_type), status_code=status, headers=headers)
 
 
-def describe_validation_error(exc: RequestValidationError) -> str:
-    """One line per problem, e.g. "query parameter 'top_k': Input should be greater than or equal to 1"."""
+# Where a request validation error points: the first element of its `loc`.
+SOURCES = {"query": "query parameter", "path": "path parameter", "body": "body field", "header": "header"}
+
+
+def describe_errors(errors: Iterable[Mapping[str, Any]], *, request: bool = False, whole: str = "body") -> str:
+    """Pydantic errors as one line, "<where>: <message>" joined by "; ".
+
+    `request=True` reads FastAPI's request locations, e.g. "query parameter 'top_k': Input should be greater
+    than or equal to 1"; otherwise the location is the dotted field path ("images.0.data"), or `whole` when the
+    error is about the object itself.
+    """
     parts = []
-    for err in exc.errors():
+    for err in errors:
         loc = [str(p) for p in err.get("loc", ())]
-        where = {"query": "query parameter", "path": "path parameter", "body": "body field", "header": "header"}.get(
-            loc[0] if loc else "", "input"
-        )
-        name = ".".join(loc[1:]) if len(loc) > 1 else ""
-        parts.append(f"{where} '{name}': {err.get('msg')}" if name else f"{where}: {err.get('msg')}")
+        if request:
+            where = SOURCES.get(loc[0] if loc else "", "input")
+            name = ".".join(loc[1:])
+            where = f"{where} '{name}'" if name else where
+        else:
+            where = ".".join(loc) or whole
+        parts.append(f"{where}: {err.get('msg')}")
     return "; ".join(parts) or "invalid request"
 
 
 HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def http_error_message(request: Request, status: int, detail: str, headers: Mapping[str, str]) -> str:
+    """Starlette's bare "Not Found" / "Method Not Allowed", said in full: which route, which methods to use."""
+    if status == 404:
+        return f"no route {request.method} {request.url.path}"
+    if status == 405 and headers.get("Allow"):
+        allowed = ", ".join(m for m in headers["Allow"].split(", ") if m != "HEAD") or headers["Allow"]
+        return f"method {request.method} is not allowed on {request.url.path}; use {allowed}"
+    return detail
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -127,13 +149,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(request, 400, describe_validation_error(exc), "invalid_input")
+        return error_response(request, 400, describe_errors(exc.errors(), request=True), "invalid_input")
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        message = str(exc.detail) if exc.status_code != 404 else f"no route {request.method} {request.url.path}"
+        headers = dict(exc.headers or {})
+        message = http_error_message(request, exc.status_code, str(exc.detail), headers)
         error_type = HTTP_TYPES.get(exc.status_code, "http_error")
-        return error_response(request, exc.status_code, message, error_type, dict(exc.headers or {}))
+        return error_response(request, exc.status_code, message, error_type, headers)
 
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)

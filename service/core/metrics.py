@@ -16,14 +16,14 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "capsnet_http_requests",
-            "HTTP requests by route template, method and status.",
-            ["route", "method", "status"],
+            "Requests by protocol (http, grpc), route template (or gRPC method), method and status.",
+            ["protocol", "route", "method", "status"],
             registry=r,
         )
         self.request_latency = Histogram(
             "capsnet_http_request_duration_seconds",
-            "Time from request start to response end, by route template.",
-            ["route", "method"],
+            "Time from request start to response end, by protocol and route template (or gRPC method).",
+            ["protocol", "route", "method"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -339,8 +339,8 @@ def test_401s_are_counted_in_the_metrics(authed: TestClient) -> None:
         authed.get("/v1/models")
     authed.get("/v2", headers=bearer("nope"))
     metrics = authed.get("/metrics").text
-    assert 'capsnet_http_requests_total{method="GET",route="/v1/models",status="401"} 3.0' in metrics
-    assert 'capsnet_http_requests_total{method="GET",route="/v2",status="401"} 1.0' in metrics
+    assert 'capsnet_http_requests_total{method="GET",protocol="http",route="/v1/models",status="401"} 3.0' in metrics
+    assert 'capsnet_http_requests_total{method="GET",protocol="http",route="/v2",status="401"} 1.0' in metrics
 
 
 def test_a_rotated_token_file_applies_without_a_restart(authed: TestClient, token_file: Path) -> None:

@@ -19,6 +19,7 @@ SERVED = [TINY, EM_LIKE, NO_DECODER]
 LIMIT_BYTES = 200_000
 LIMIT_PIXELS = 1_000_000
 LIMIT_IMAGES = 4
+LIMIT_IMAGE_BYTES = 5_000
 
 
 @pytest.fixture
@@ -28,6 +29,7 @@ def limited(make_client: Any, model_repository: Path) -> TestClient:
         max_body_bytes=LIMIT_BYTES,
         max_image_pixels=LIMIT_PIXELS,
         max_images_per_request=LIMIT_IMAGES,
+        max_image_bytes=LIMIT_IMAGE_BYTES,
     )
     return client
 
@@ -92,9 +94,26 @@ def test_decompression_bomb_is_refused_before_decoding(limited: TestClient) -> N
     bomb = encoded(Image.new("L", (2000, 2000)), "PNG", optimize=True)  # 4 M pixels in a few kB
     assert len(bomb) < 50_000
     assert result(upload(limited, bomb, "bomb.png")) == error(
-        413, f"file 0 (bomb.png): image has 4000000 pixels, more than the limit of {LIMIT_PIXELS}", "payload_too_large"
+        413,
+        f"file 0 (bomb.png): image has 4000000 pixels, more than the limit of {LIMIT_PIXELS} "
+        "(CAPSNET_MAX_IMAGE_PIXELS)",
+        "payload_too_large",
     )
     still_serving(limited)
+
+
+def test_image_over_the_byte_limit(limited: TestClient) -> None:
+    """CAPSNET_MAX_IMAGE_BYTES bounds each encoded image (a file part, or base64 once decoded) before decoding."""
+    noise = np.random.default_rng(0).integers(0, 256, (100, 100), np.uint8)  # incompressible: ~10 kB as PNG
+    big = png_bytes(noise)
+    assert len(big) > LIMIT_IMAGE_BYTES
+    message = f"image is {len(big)} bytes, more than the limit of {LIMIT_IMAGE_BYTES} (CAPSNET_MAX_IMAGE_BYTES)"
+    assert result(upload(limited, big, "noise.png")) == error(
+        413, f"file 0 (noise.png): {message}", "payload_too_large"
+    )
+    body = {"images": [{"data": base64.b64encode(big).decode()}]}
+    assert result(limited.post("/v1/classify", json=body)) == error(413, f"images[0]: {message}", "payload_too_large")
+    assert upload(limited, png_bytes(digit_image())).status_code == 200
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "GIF", "BMP", "WEBP"])
@@ -277,6 +296,11 @@ def test_no_images(client: TestClient) -> None:
     [
         ("multipart/form-data", b"x", "Missing boundary in multipart."),
         ("multipart/form-data; boundary=abc", b"--abc\r\nno headers\r\n--abc--", "Invalid multipart data."),
+        (
+            "multipart/form-data; boundary=abc",
+            b'--abc\r\nContent-Disposition: form-data; filename="a.png"\r\n\r\nxyz\r\n--abc--\r\n',
+            'The Content-Disposition header field "name" must be provided.',
+        ),
     ],
 )
 def test_malformed_multipart(client: TestClient, content_type: str, body: bytes, message: str) -> None:
@@ -389,7 +413,12 @@ def test_decode_rejects_nan(client: TestClient) -> None:
 
 def test_unknown_route_and_method(client: TestClient) -> None:
     assert result(client.get("/v1/nothing")) == error(404, "no route GET /v1/nothing", "not_found")
-    assert result(client.get("/v1/classify")) == error(405, "Method Not Allowed", "method_not_allowed")
+    r = client.get("/v1/classify")
+    assert result(r) == error(405, "method GET is not allowed on /v1/classify; use POST", "method_not_allowed")
+    assert r.headers["allow"] == "POST"
+    r = client.post("/v1/models")
+    assert result(r) == error(405, "method POST is not allowed on /v1/models; use GET", "method_not_allowed")
+    assert r.headers["allow"] == "GET"
 
 
 def test_metrics_labels_cannot_be_multiplied_by_clients(make_client: Any, model_repository: Path) -> None:
@@ -400,6 +429,9 @@ def test_metrics_labels_cannot_be_multiplied_by_clients(make_client: Any, model_
         client.request(f"BREW{i}", "/v1/models")
     text = client.get("/metrics").text
     assert "random-" not in text and "BREW" not in text
-    assert 'capsnet_http_requests_total{method="GET",route="unmatched",status="404"} 3.0' in text
-    assert 'capsnet_http_requests_total{method="POST",route="/v1/models/{name}/classify",status="404"} 3.0' in text
-    assert 'capsnet_http_requests_total{method="other",route="/v1/models",status="405"} 3.0' in text
+    assert 'capsnet_http_requests_total{method="GET",protocol="http",route="unmatched",status="404"} 3.0' in text
+    assert (
+        'capsnet_http_requests_total{method="POST",protocol="http",route="/v1/models/{name}/classify",status="404"} 3.0'
+        in text
+    )
+    assert 'capsnet_http_requests_total{method="other",protocol="http",route="/v1/models",status="405"} 3.0' in text

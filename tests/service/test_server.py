@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -163,3 +164,23 @@ def test_empty_repository_and_bad_settings_exit_with_a_message(tmp_path: Path) -
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "capsnet-serve: invalid settings (CAPSNET_* variables or options): port: Input should be" in bad.stderr
     assert "intra_op_threads: Input should be a valid integer" in bad.stderr
+
+
+def test_port_in_use_fails_at_once_with_one_line(model_repository: Path) -> None:
+    """A taken port ends the command before any model loads: exit 1 and one line naming the way out."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [*serve_command(), "--port", str(port), "--model-repository", str(model_repository)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"capsnet-serve: cannot listen on 127.0.0.1:{port}: Address already in use; choose another with --port "
+        f"or CAPSNET_PORT (e.g. make serve PORT={port + 1})"
+    ]
+    assert "models" not in done.stdout + done.stderr  # no model was loaded

@@ -1,18 +1,21 @@
 """v1 application API: classify, capsules, reconstruct, perturb and decode, for a named or the default model.
 
-Every route exists twice: `/v1/models/{name}/<op>` and `/v1/<op>` (the default model).
+Each operation is written once and served at two addresses: `/v1/models/{name}/<op>` and `/v1/<op>` (the
+default model); the `addressed_model` dependency tells them apart by the `name` path parameter.
 Options go in the query string; images in the body (multipart files or JSON, see `ImagesRequest`).
 (No `from __future__ import annotations` here: FastAPI must resolve the routes' annotations at runtime.)
 """
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import SettingsDep, default_model, named_model
+from service.api.deps import MODEL_NAME_PARAMETER, ModelDep, SettingsDep
 from service.api.inputs import INVERT_CHOICES, Invert, PreprocessOptions, parse_model, read_images, read_json
 from service.api.schemas import (
     CapsuleResult,
@@ -28,6 +31,7 @@ from service.api.schemas import (
     ReconstructResponse,
     TopK,
 )
+from service.core.config import Settings
 from service.core.errors import InvalidInput
 from service.imaging import array_to_png
 from service.runtime.batcher import Tensors
@@ -147,15 +151,17 @@ def prediction(card: ModelCard, scores: np.ndarray, info: InputInfo, index: int,
 
 
 async def classify_images(
-    request: Request, model: ServedModel, settings: SettingsDep, options: PreprocessOptions, include_input: bool
-) -> tuple[ModelCard, list[InputInfo], Tensors]:
-    card = model.require_ready()
+    request: Request, model: ServedModel, card: ModelCard, settings: Settings, options: PreprocessOptions
+) -> tuple[list[InputInfo], np.ndarray, Tensors]:
+    """The request's images (as the model received them), how each was prepared, and the model's outputs."""
     batch = await read_images(request, card, settings, options)
-    outputs = await model.infer(batch.array)
-    if include_input:
-        for info, image in zip(batch.info, batch.array, strict=True):
-            info.input = rounded(image_2d(card, image))
-    return card, batch.info, outputs
+    return batch.info, batch.array, await model.infer(batch.array)
+
+
+def attach_inputs(card: ModelCard, info: list[InputInfo], images: np.ndarray) -> None:
+    """Add to each image's preprocessing record the (height × width) array the model received."""
+    for meta, image in zip(info, images, strict=True):
+        meta.input = rounded(image_2d(card, image))
 
 
 def one_hot(classes: np.ndarray, k: int) -> np.ndarray:
@@ -168,156 +174,129 @@ def image_2d(card: ModelCard, image: np.ndarray) -> np.ndarray:
     return image.reshape(card.image_shape[-2:])
 
 
+def json_response(body: BaseModel) -> Response:
+    """Serialized by pydantic in one step (the route's response_model still documents it)."""
+    return Response(body.model_dump_json(by_alias=True), media_type="application/json")
+
+
 async def png_response(array: np.ndarray) -> Response:
     return Response(await run_in_threadpool(array_to_png, array), media_type="image/png")
 
 
-def add_inference_routes(
-    router: APIRouter, prefix: str, model_dep: Callable[..., Awaitable[ServedModel]], suffix: str
-) -> None:
-    """Register the five operations under `prefix`, resolving the model with `model_dep`."""
-    ModelDep = Annotated[ServedModel, Depends(model_dep)]
-    which = "the default model" if suffix == "default" else "the named model"
+async def classify(
+    request: Request,
+    model: ModelDep,
+    settings: SettingsDep,
+    options: OptionsDep,
+    top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = 3,
+    include_input: IncludeInputQuery = False,
+) -> Response:
+    """Per image: the predicted class and label, the per-class scores (capsule lengths, the paper's presence
+    probabilities), `probabilities` = scores / sum(scores), and the top-k classes."""
+    card = model.require_ready()
+    if top_k > len(card.classes):
+        raise InvalidInput(f"top_k {top_k} is larger than the {len(card.classes)} classes of model {card.name!r}")
+    info, images, outputs = await classify_images(request, model, card, settings, options)
+    if include_input:
+        attach_inputs(card, info, images)
+    scores = outputs[card.scores.output]
+    predictions = [prediction(card, scores[i], info[i], i, top_k) for i in range(len(info))]
+    return json_response(ClassifyResponse(model=card.name, model_version=card.version, predictions=predictions))
 
-    @router.post(
-        f"{prefix}/classify",
-        operation_id=f"classify_{suffix}",
-        summary=f"Classify images with {which}",
-        responses=ERRORS,
-        openapi_extra=IMAGES_BODY,
-    )
-    async def classify(
-        request: Request,
-        model: ModelDep,
-        settings: SettingsDep,
-        options: OptionsDep,
-        top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = 3,
-        include_input: IncludeInputQuery = False,
-    ) -> ClassifyResponse:
-        """Per image: the predicted class and label, the per-class scores (capsule lengths, the paper's presence
-        probabilities), `probabilities` = scores / sum(scores), and the top-k classes."""
-        card = model.require_ready()
-        if top_k > len(card.classes):
-            raise InvalidInput(f"top_k {top_k} is larger than the {len(card.classes)} classes of model {card.name!r}")
-        card, info, outputs = await classify_images(request, model, settings, options, include_input)
-        scores = outputs[card.scores.output]
-        return ClassifyResponse(
-            model=card.name,
-            model_version=card.version,
-            predictions=[prediction(card, scores[i], info[i], i, top_k) for i in range(len(info))],
-        )
 
-    @router.post(
-        f"{prefix}/capsules",
-        operation_id=f"capsules_{suffix}",
-        summary=f"Capsule poses (instantiation parameters) from {which}",
-        responses=ERRORS,
-        openapi_extra=IMAGES_BODY,
-    )
-    async def capsules(
-        request: Request,
-        model: ModelDep,
-        settings: SettingsDep,
-        options: OptionsDep,
-        include_input: IncludeInputQuery = False,
-    ) -> CapsulesResponse:
-        """Per image: every class's pose (10×16 for dynamic routing, 10×4×4 for EM), the scores, and the
-        predicted class's pose as `predicted_pose`."""
-        card, info, outputs = await classify_images(request, model, settings, options, include_input)
-        scores, poses = outputs[card.scores.output], outputs[card.output_for("poses").name]
-        results = []
-        for i in range(len(info)):
-            p = prediction(card, scores[i], info[i], i, len(card.classes))
-            results.append(
-                CapsuleResult(
-                    **p.model_dump(), poses=rounded(poses[i]), predicted_pose=rounded(poses[i, p.predicted_class])
-                )
+async def capsules(
+    request: Request,
+    model: ModelDep,
+    settings: SettingsDep,
+    options: OptionsDep,
+    include_input: IncludeInputQuery = False,
+) -> Response:
+    """Per image: every class's pose (10×16 for dynamic routing, 10×4×4 for EM), the scores, and the
+    predicted class's pose as `predicted_pose`."""
+    card = model.require_ready()
+    info, images, outputs = await classify_images(request, model, card, settings, options)
+    if include_input:
+        attach_inputs(card, info, images)
+    scores, poses = outputs[card.scores.output], outputs[card.output_for("poses").name]
+    results = []
+    for i in range(len(info)):
+        p = prediction(card, scores[i], info[i], i, len(card.classes))
+        results.append(
+            CapsuleResult(
+                **p.model_dump(), poses=rounded(poses[i]), predicted_pose=rounded(poses[i, p.predicted_class])
             )
-        return CapsulesResponse(
-            model=card.name, model_version=card.version, pose_shape=card.pose_shape, capsules=results
         )
-
-    @router.post(
-        f"{prefix}/reconstruct",
-        operation_id=f"reconstruct_{suffix}",
-        response_model=ReconstructResponse,
-        summary=f"Reconstruct images through the decoder of {which}",
-        responses={**ERRORS, **PNG_RESPONSE},
-        openapi_extra=IMAGES_BODY,
+    return json_response(
+        CapsulesResponse(model=card.name, model_version=card.version, pose_shape=card.pose_shape, capsules=results)
     )
-    async def reconstruct(
-        request: Request,
-        model: ModelDep,
-        settings: SettingsDep,
-        options: OptionsDep,
-        class_index: ClassQuery = None,
-        format: FormatQuery = "json",
-    ) -> ReconstructResponse | Response:
-        """Decode each image's capsule of the predicted class (or of `class`). `format=png` takes one image."""
-        card = model.require_decoder()
-        check_class(card, class_index)
-        card, info, outputs = await classify_images(request, model, settings, options, False)
-        if format == "png" and len(info) != 1:
-            raise InvalidInput(f"format=png returns one image but the request has {len(info)}; use format=json")
-        predicted = outputs[card.scores.output].argmax(axis=1)
-        chosen = predicted if class_index is None else np.full_like(predicted, class_index)
-        images = await model.decode(outputs[card.output_for("poses").name], one_hot(chosen, len(card.classes)))
-        if format == "png":
-            return await png_response(image_2d(card, images[0]))
-        return ReconstructResponse(
-            model=card.name,
-            model_version=card.version,
-            reconstructions=[
-                Reconstruction(
-                    index=i,
-                    class_=int(chosen[i]),
-                    label=card.classes[int(chosen[i])],
-                    predicted_class=int(predicted[i]),
-                    image=rounded(image_2d(card, images[i])),
-                )
-                for i in range(len(info))
-            ],
+
+
+async def reconstruct(
+    request: Request,
+    model: ModelDep,
+    settings: SettingsDep,
+    options: OptionsDep,
+    class_index: ClassQuery = None,
+    format: FormatQuery = "json",
+) -> Response:
+    """Decode each image's capsule of the predicted class (or of `class`). `format=png` takes one image."""
+    card = model.require_decoder()
+    check_class(card, class_index)
+    info, _, outputs = await classify_images(request, model, card, settings, options)
+    if format == "png" and len(info) != 1:
+        raise InvalidInput(f"format=png returns one image but the request has {len(info)}; use format=json")
+    predicted = outputs[card.scores.output].argmax(axis=1)
+    chosen = predicted if class_index is None else np.full_like(predicted, class_index)
+    images = await model.decode(outputs[card.output_for("poses").name], one_hot(chosen, len(card.classes)))
+    if format == "png":
+        return await png_response(image_2d(card, images[0]))
+    reconstructions = [
+        Reconstruction(
+            index=i,
+            class_=int(chosen[i]),
+            label=card.classes[int(chosen[i])],
+            predicted_class=int(predicted[i]),
+            image=rounded(image_2d(card, images[i])),
         )
-
-    @router.post(
-        f"{prefix}/perturb",
-        operation_id=f"perturb_{suffix}",
-        response_model=PerturbResponse,
-        summary=f"Sabour et al. 2017 Figure 4: vary each pose dimension and decode ({which})",
-        responses={**ERRORS, **PNG_RESPONSE},
-        openapi_extra=IMAGES_BODY,
+        for i in range(len(info))
+    ]
+    return json_response(
+        ReconstructResponse(model=card.name, model_version=card.version, reconstructions=reconstructions)
     )
-    async def perturb(
-        request: Request,
-        model: ModelDep,
-        settings: SettingsDep,
-        options: OptionsDep,
-        class_index: ClassQuery = None,
-        low: Annotated[float, Query(ge=-10, le=10, description="first value added to a dimension")] = -0.25,
-        high: Annotated[float, Query(ge=-10, le=10, description="last value added to a dimension")] = 0.25,
-        step: Annotated[float, Query(gt=0, le=20, description="spacing of the added values")] = 0.05,
-        format: FormatQuery = "json",
-    ) -> PerturbResponse | Response:
-        """For one image, add each of `low, low+step, …, high` to each dimension of the class's pose in turn
-        and decode: a grid with one row per dimension and one column per value (PNG: rows × columns of
-        tiles of the model's image size)."""
-        card = model.require_decoder()
-        check_class(card, class_index)
-        deltas = perturbation_deltas(low, high, step)
-        card, info, outputs = await classify_images(request, model, settings, options, False)
-        if len(info) != 1:
-            raise InvalidInput(f"perturb takes one image, the request has {len(info)}")
-        predicted = int(outputs[card.scores.output][0].argmax())
-        chosen = predicted if class_index is None else class_index
-        poses = outputs[card.output_for("poses").name][0]  # (K, *pose_shape)
-        grid_poses = perturbed_poses(poses, chosen, deltas)  # (P * n, K, *pose_shape)
-        mask = one_hot(np.full(len(grid_poses), chosen), len(card.classes))
-        images = await model.decode(grid_poses, mask)
-        height, width = card.image_shape[-2:]
-        grid = images.reshape(card.pose_size, len(deltas), height, width)
-        if format == "png":
-            return await png_response(grid.transpose(0, 2, 1, 3).reshape(card.pose_size * height, len(deltas) * width))
-        return PerturbResponse(
+
+
+async def perturb(
+    request: Request,
+    model: ModelDep,
+    settings: SettingsDep,
+    options: OptionsDep,
+    class_index: ClassQuery = None,
+    low: Annotated[float, Query(ge=-10, le=10, description="first value added to a dimension")] = -0.25,
+    high: Annotated[float, Query(ge=-10, le=10, description="last value added to a dimension")] = 0.25,
+    step: Annotated[float, Query(gt=0, le=20, description="spacing of the added values")] = 0.05,
+    format: FormatQuery = "json",
+) -> Response:
+    """For one image, add each of `low, low+step, …, high` to each dimension of the class's pose in turn
+    and decode: a grid with one row per dimension and one column per value (PNG: rows × columns of
+    tiles of the model's image size)."""
+    card = model.require_decoder()
+    check_class(card, class_index)
+    deltas = perturbation_deltas(low, high, step)
+    info, _, outputs = await classify_images(request, model, card, settings, options)
+    if len(info) != 1:
+        raise InvalidInput(f"perturb takes one image, the request has {len(info)}")
+    predicted = int(outputs[card.scores.output][0].argmax())
+    chosen = predicted if class_index is None else class_index
+    poses = outputs[card.output_for("poses").name][0]  # (K, *pose_shape)
+    grid_poses = perturbed_poses(poses, chosen, deltas)  # (P * n, K, *pose_shape)
+    mask = one_hot(np.full(len(grid_poses), chosen), len(card.classes))
+    images = await model.decode(grid_poses, mask)
+    height, width = card.image_shape[-2:]
+    grid = images.reshape(card.pose_size, len(deltas), height, width)
+    if format == "png":
+        return await png_response(grid.transpose(0, 2, 1, 3).reshape(card.pose_size * height, len(deltas) * width))
+    return json_response(
+        PerturbResponse(
             model=card.name,
             model_version=card.version,
             class_=chosen,
@@ -327,25 +306,75 @@ def add_inference_routes(
             pose=rounded(poses[chosen].reshape(-1)),
             images=rounded(grid),
         )
-
-    @router.post(
-        f"{prefix}/decode",
-        operation_id=f"decode_{suffix}",
-        response_model=DecodeResponse,
-        summary=f"Reconstruct from caller-supplied (edited) poses with {which}",
-        responses={**ERRORS, **PNG_RESPONSE},
-        openapi_extra=DECODE_BODY,
     )
-    async def decode(request: Request, model: ModelDep, format: FormatQuery = "json") -> DecodeResponse | Response:
-        """Decode the given poses (every class, e.g. from `capsules`, with edits) through the mask of `class`
-        (one-hot) or through an explicit per-class `mask`."""
-        card = model.require_decoder()
-        body = parse_model(DecodeRequest, await read_json(request))
-        poses, mask = decode_inputs(card, body)
-        images = await model.decode(poses[None], mask[None])
-        if format == "png":
-            return await png_response(image_2d(card, images[0]))
-        return DecodeResponse(model=card.name, model_version=card.version, image=rounded(image_2d(card, images[0])))
+
+
+async def decode(request: Request, model: ModelDep, format: FormatQuery = "json") -> Response:
+    """Decode the given poses (every class, e.g. from `capsules`, with edits) through the mask of `class`
+    (one-hot) or through an explicit per-class `mask`."""
+    card = model.require_decoder()
+    body = parse_model(DecodeRequest, await read_json(request))
+    poses, mask = decode_inputs(card, body)
+    images = await model.decode(poses[None], mask[None])
+    if format == "png":
+        return await png_response(image_2d(card, images[0]))
+    return json_response(
+        DecodeResponse(model=card.name, model_version=card.version, image=rounded(image_2d(card, images[0])))
+    )
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One v1 operation: `/v1/<name>` (the default model) and `/v1/models/{name}/<name>` (a named one)."""
+
+    name: str
+    endpoint: Callable[..., Awaitable[Response]]
+    response_model: type[BaseModel]
+    summary: str  # "{which}" becomes "the default model" or "the named model"
+    body: dict[str, Any]
+    png: bool = False
+
+
+OPERATIONS = (
+    Operation("classify", classify, ClassifyResponse, "Classify images with {which}", IMAGES_BODY),
+    Operation(
+        "capsules", capsules, CapsulesResponse, "Capsule poses (instantiation parameters) from {which}", IMAGES_BODY
+    ),
+    Operation(
+        "reconstruct", reconstruct, ReconstructResponse, "Reconstruct images through the decoder of {which}",
+        IMAGES_BODY, png=True,
+    ),
+    Operation(
+        "perturb", perturb, PerturbResponse,
+        "Sabour et al. 2017 Figure 4: vary each pose dimension and decode ({which})", IMAGES_BODY, png=True,
+    ),
+    Operation(
+        "decode", decode, DecodeResponse, "Reconstruct from caller-supplied (edited) poses with {which}", DECODE_BODY,
+        png=True,
+    ),
+)  # fmt: skip
+# (path prefix, operation id suffix, which model, OpenAPI path parameters the endpoints do not declare themselves)
+ADDRESSES: tuple[tuple[str, str, str, list[dict[str, Any]]], ...] = (
+    ("/v1", "default", "the default model", []),
+    ("/v1/models/{name}", "named", "the named model", [MODEL_NAME_PARAMETER]),
+)
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(tags=["v1"])
+    for prefix, suffix, which, parameters in ADDRESSES:
+        for op in OPERATIONS:
+            router.add_api_route(
+                f"{prefix}/{op.name}",
+                op.endpoint,
+                methods=["POST"],
+                response_model=op.response_model,
+                operation_id=f"{op.name}_{suffix}",
+                summary=op.summary.format(which=which),
+                responses={**ERRORS, **PNG_RESPONSE} if op.png else ERRORS,
+                openapi_extra={**op.body, **({"parameters": parameters} if parameters else {})},
+            )
+    return router
 
 
 def perturbation_deltas(low: float, high: float, step: float) -> np.ndarray:
@@ -392,6 +421,4 @@ def decode_inputs(card: ModelCard, body: DecodeRequest) -> tuple[np.ndarray, np.
     return poses, mask
 
 
-router = APIRouter(tags=["v1"])
-add_inference_routes(router, "/v1/models/{name}", named_model, "named")
-add_inference_routes(router, "/v1", default_model, "default")
+router = build_router()

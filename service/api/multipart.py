@@ -1,0 +1,94 @@
+"""Multipart bodies parsed in memory into (field name, filename, bytes): no temporary files, no form objects.
+
+The body has already been read whole (the service's body limit bounds it), so each part is a slice of it; the
+messages for malformed bodies are Starlette's, so clients see the same errors as from `request.form()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+
+class MalformedMultipart(ValueError):
+    """The body is not valid multipart/form-data; str() says why."""
+
+
+@dataclass
+class Part:
+    name: str
+    filename: str | None  # None: a form field, not a file
+    data: bytearray = field(default_factory=bytearray)
+
+
+def _decode(value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
+
+
+class _Collector:
+    """python-multipart callbacks that collect the parts."""
+
+    def __init__(self) -> None:
+        self.parts: list[Part] = []
+        self._header_name = b""
+        self._header_value = b""
+        self._disposition = b""
+
+    def on_part_begin(self) -> None:
+        self._disposition = b""
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_name += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        if self._header_name.lower() == b"content-disposition":
+            self._disposition = self._header_value
+        self._header_name = self._header_value = b""
+
+    def on_headers_finished(self) -> None:
+        _, options = parse_options_header(self._disposition)
+        if b"name" not in options:
+            raise MalformedMultipart('The Content-Disposition header field "name" must be provided.')
+        filename = options.get(b"filename")
+        self.parts.append(Part(_decode(options[b"name"]), None if filename is None else _decode(filename)))
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        self.parts[-1].data += data[start:end]
+
+
+def parse_multipart(content_type: str, body: bytes) -> list[Part]:
+    """Every part of a multipart/form-data `body`, in order.
+
+    Raises:
+        MalformedMultipart: no boundary in `content_type`, or a body that does not parse.
+    """
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise MalformedMultipart("Missing boundary in multipart.")
+    collector = _Collector()
+    parser = MultipartParser(
+        boundary,
+        {
+            "on_part_begin": collector.on_part_begin,
+            "on_header_field": collector.on_header_field,
+            "on_header_value": collector.on_header_value,
+            "on_header_end": collector.on_header_end,
+            "on_headers_finished": collector.on_headers_finished,
+            "on_part_data": collector.on_part_data,
+        },
+    )
+    try:
+        parser.write(body)
+        parser.finalize()
+    except FormParserError as e:
+        raise MalformedMultipart("Invalid multipart data.") from e
+    return collector.parts
