@@ -30,9 +30,8 @@ import numpy as np
 import onnxruntime as ort
 
 from service.core.config import Settings, cgroup_cpu_limit
-from service.runtime.card import GRAPH_FILE, ModelCard
+from service.runtime.model_dir import GRAPH_FILE, ModelCard, active_provider, create_session
 from service.runtime.repository import scan_repository
-from service.runtime.sessions import active_provider, create_session
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
