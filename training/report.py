@@ -34,10 +34,12 @@ import torch
 from model.capsnet import count_parameters
 from service.benchmark import cpu_busy_percent
 from training.architectures import get_architecture
-from training.benchmark import machine_description
+from training.machine import machine_description
 from training.checkpoint import CheckpointMismatch
 from training.data import IDXError, MNISTSplit, load_split, resolve_data_dir, to_float
-from training.evaluate import EvalResult, evaluate_torch, resolve_device
+from training.device import resolve_device
+from training.evaluate import evaluate_torch
+from training.results import EvalResult
 from training.generators import AFFINE_CANVAS, AffineRanges, affine_digits, center_on_canvas, shifted_on_canvas
 from training.multimnist import MultiMNISTConfig, reconstruction_examples, train_multimnist
 from training.train import EXIT_UNFINISHED, TrainConfig, Trainer, draw_curve, within_budget

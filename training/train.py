@@ -31,7 +31,8 @@ from training.checkpoint import (
     training_command,
 )
 from training.data import IDXError, MNISTSplit, load_split
-from training.evaluate import evaluate_torch, resolve_device
+from training.device import resolve_device, use_amp
+from training.evaluate import evaluate_torch
 from training.generators import pad_split
 
 log = logging.getLogger(__name__)
@@ -160,24 +161,6 @@ def within_budget(deadline: float | None, last_epoch_seconds: float | None) -> b
     if deadline is None or last_epoch_seconds is None:
         return True
     return time.monotonic() + last_epoch_seconds <= deadline
-
-
-def bf16_supported(device: torch.device) -> bool:
-    """Whether bfloat16 autocast is fast here: any CUDA device, or a CPU with AVX512-BF16 or AMX (oneDNN)."""
-    if device.type == "cuda":
-        return True
-    if device.type == "cpu":
-        # Native bfloat16 only: AVX512 without the BF16 extension passes oneDNN's check but emulates it, slower.
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return False
-
-
-def use_amp(requested: bool, device: torch.device) -> bool:
-    """`--amp` where it helps; on a CPU without native bfloat16 it would be slower, so warn and stay float32."""
-    if requested and not bf16_supported(device):
-        log.warning("--amp ignored: this %s has no native bfloat16 support; training in float32", device.type)
-        return False
-    return requested
 
 
 class Trainer:

@@ -198,7 +198,9 @@ def verify_files(path: Path, card: ModelCard) -> None:
             raise ModelDirError(f"{filename} has {size} bytes, the card says {entry.bytes}: {ALTERED}")
         actual = sha256_file(file)
         if actual != entry.sha256:
-            raise ModelDirError(f"{filename} sha256 mismatch: file {actual[:12]}…, card {entry.sha256[:12]}…: {ALTERED}")
+            raise ModelDirError(
+                f"{filename} sha256 mismatch: file {actual[:12]}…, card {entry.sha256[:12]}…: {ALTERED}"
+            )
 
 
 # --- reading and writing ------------------------------------------------------------------------------------

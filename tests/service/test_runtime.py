@@ -119,9 +119,9 @@ def test_empty_repository_is_not_ready(make_client: Any, tmp_path: Path) -> None
 
 def test_provider_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert model_dir.requested_providers("cpu") == [model_dir.CPU]
-    monkeypatch.setattr(sessions, "gpu_visible", lambda: False)
+    monkeypatch.setattr(model_dir, "gpu_visible", lambda: False)
     assert model_dir.requested_providers("auto") == [model_dir.CPU]
-    monkeypatch.setattr(sessions, "gpu_visible", lambda: True)
+    monkeypatch.setattr(model_dir, "gpu_visible", lambda: True)
     monkeypatch.setattr(model_dir.ort, "get_available_providers", lambda: [model_dir.CUDA, model_dir.CPU])
     assert model_dir.requested_providers("auto") == [model_dir.CUDA, model_dir.CPU]
     monkeypatch.setattr(model_dir.ort, "get_available_providers", lambda: [model_dir.CPU])

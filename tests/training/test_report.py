@@ -19,7 +19,7 @@ from training import multimnist as multimnist_module
 from training import report, train
 from training.checkpoint import save_checkpoint
 from training.data import load_split
-from training.evaluate import resolve_device
+from training.device import resolve_device
 from training.generators import multimnist
 from training.multimnist import (
     evaluate_multimnist,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT
-from training import evaluate, train
+from training import device, evaluate, train
 from training.train import TrainConfig, Trainer
 
 TINY = dict(preset="tiny", batch_size=16, eval_batch_size=32, device="cpu", seed=1)
@@ -201,7 +201,7 @@ def test_amp_on_cpu_trains_with_bfloat16_convolutions(
     synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--amp` on a CPU with native bfloat16 (forced here, emulated elsewhere) trains and says so in metrics.jsonl."""
-    monkeypatch.setattr(train, "bf16_supported", lambda device: True)
+    monkeypatch.setattr(device, "bf16_supported", lambda device: True)
     trainer = Trainer(TrainConfig(epochs=1, amp=True, **TINY), str(synthetic_mnist), tmp_path / "amp")  # type: ignore[arg-type]
     assert trainer.amp
     row = trainer.fit()[0]
@@ -217,11 +217,11 @@ def test_amp_on_cpu_trains_with_bfloat16_convolutions(
 def test_amp_is_ignored_with_a_warning_without_native_bfloat16(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(train, "bf16_supported", lambda device: False)
+    monkeypatch.setattr(device, "bf16_supported", lambda device: False)
     with caplog.at_level("WARNING"):
-        assert train.use_amp(True, torch.device("cpu")) is False
+        assert device.use_amp(True, torch.device("cpu")) is False
     assert "--amp ignored" in caplog.text
-    assert train.use_amp(False, torch.device("cpu")) is False
+    assert device.use_amp(False, torch.device("cpu")) is False
 
 
 def test_val_split_holds_out_a_seeded_disjoint_set_and_saves_best_val(synthetic_mnist: Path, tmp_path: Path) -> None:
