@@ -19,10 +19,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from service.runtime.model_dir import ModelDirError, load_model_dir
 from tests.conftest import REPO_ROOT
 from training import evaluate
 from training.data import load_split
-from service.runtime.model_dir import ModelDirError, load_model_dir
 from training.onnx_eval import evaluate_model_dir
 
 EVAL_KEYS = {"test_error", "test_accuracy", "n", "errors", "per_class_error", "confusion_matrix"}
