@@ -26,7 +26,7 @@ from training.data import file_hashes, load_split, to_float
 from training.evaluate import evaluate_torch
 from training.export import ExportError, export_checkpoint, export_module, verify_model_dir
 from training.onnx_eval import evaluate_model_dir
-from training.train import TrainConfig, Trainer
+from training.train import TrainConfig, mnist_trainer
 
 CARD_FIELDS = {
     "format_version", "name", "version", "description", "architecture", "model_config", "routing", "parameters",
@@ -78,7 +78,7 @@ def checkpoint(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """best.pt of one tiny training epoch on synthetic data, exactly as capsnet-train writes it."""
     out = tmp_path_factory.mktemp("run")
     cfg = TrainConfig(preset="tiny", epochs=1, batch_size=16, eval_batch_size=32, device="cpu", seed=1)
-    Trainer(cfg, str(mnist_dir), out).fit()
+    mnist_trainer(cfg, str(mnist_dir), out).fit()
     return out / "best.pt"
 
 

@@ -16,8 +16,7 @@ from model.capsnet import CapsNet
 from model.config import CapsNetConfig
 from model.losses import margin_loss, margin_loss_multi
 from service.runtime.model_dir import create_session
-from training import multimnist as multimnist_module
-from training import train
+from training import loop
 from training.checkpoint import save_checkpoint
 from training.data import load_split
 from training.device import resolve_device
@@ -286,7 +285,7 @@ def test_training_sections_stop_at_the_budget_and_continue(
         return ctx
 
     uninterrupted, _ = runner(two_epoch_context(None))
-    for module in (common, train, multimnist_module):  # after an epoch, no time for another
+    for module in (common, loop):  # after an epoch, no time for another
         monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
     calls, result = 0, None
     while result is None and calls < 5:

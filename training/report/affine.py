@@ -70,8 +70,9 @@ def run_affine(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             start = time.perf_counter()
             stats = trainer.train_epoch()
             trainer.epoch += 1
-            mnist = evaluate_torch(trainer.model, trainer.arch, trainer.test_split, trainer.device, cfg.eval_batch_size)
-            aff = evaluate_torch(trainer.model, trainer.arch, affine.split, trainer.device, cfg.eval_batch_size)
+            task = trainer.task
+            mnist = evaluate_torch(trainer.model, task.arch, task.test_split, trainer.device, cfg.eval_batch_size)
+            aff = evaluate_torch(trainer.model, task.arch, affine.split, trainer.device, cfg.eval_batch_size)
             last_seconds = time.perf_counter() - start
             ctx.trained(last_seconds)
             trainer.history.append({**epoch_row(trainer.epoch, stats, mnist, aff), "seconds": round(last_seconds, 2)})

@@ -11,6 +11,7 @@ import numpy as np
 
 from model.capsnet import count_parameters
 from training.evaluate import evaluate_torch
+from training.loop import draw_curve
 from training.report.common import (
     Context,
     Saved,
@@ -24,7 +25,6 @@ from training.report.common import (
     resumable_trainer,
     train_config,
 )
-from training.train import draw_curve
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ def run_baseline(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         ctx.trained(row["seconds"])
     if not trainer.finished:
         ctx.check_budget("baseline-mnist", trainer.epoch, cfg.epochs, math.inf)
-    final = evaluate_torch(trainer.model, trainer.arch, trainer.test_split, trainer.device, cfg.eval_batch_size)
+    task = trainer.task
+    final = evaluate_torch(trainer.model, task.arch, task.test_split, trainer.device, cfg.eval_batch_size)
     result = {
         "train_config": asdict(cfg),
         "model_config": trainer.model_config,

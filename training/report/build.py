@@ -14,6 +14,7 @@ from pathlib import Path
 
 from training.data import IDXError, resolve_data_dir
 from training.device import DEVICE_CHOICES, resolve_device
+from training.loop import EXIT_UNFINISHED
 from training.machine import cpu_busy_percent
 from training.report import affine, baseline, mnist_models, multimnist, perturbation, service_load, speed
 from training.report.common import (
@@ -27,7 +28,6 @@ from training.report.common import (
     now_utc,
     save_result,
 )
-from training.train import EXIT_UNFINISHED
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,11 @@ import numpy as np
 import torch
 
 from training.checkpoint import CheckpointMismatch
+from training.config import TrainConfig
 from training.data import MNISTSplit, load_split
+from training.loop import Trainer, within_budget
 from training.machine import cpu_model, load_average, machine_description
-from training.train import TrainConfig, Trainer, within_budget
+from training.train import ClassificationTask, mnist_trainer
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +290,7 @@ def train_config(ctx: Context, arch: str, **overrides: Any) -> TrainConfig:
     return replace(base, **overrides)
 
 
-def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer:
+def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer[ClassificationTask]:
     """A Trainer for `name`, continued from <runs>/<name>/last.pt when an earlier call left one."""
     out = ctx.run_dir(name)
     last = out / "last.pt" if out is not None else None
@@ -296,7 +298,7 @@ def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer:
     if resume:
         log.info("continuing %s from %s", name, resume)
     try:
-        return Trainer(cfg, ctx.data_dir, out, resume=resume, strict_resume=True)
+        return mnist_trainer(cfg, ctx.data_dir, out, resume=resume, strict_resume=True)
     except CheckpointMismatch as e:
         raise NotMeasured(str(e)) from e
 

@@ -40,9 +40,7 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
     ctx.check_budget("multimnist", None, cfg.epochs, None)
     out = ctx.run_dir("multimnist")
     try:
-        model, history, test_data = train_multimnist(
-            cfg, train, test, ctx.device, out / "last.pt" if out is not None else None, ctx.deadline
-        )
+        model, history, test_data = train_multimnist(cfg, train, test, ctx.device, out, ctx.deadline)
     except CheckpointMismatch as e:
         raise NotMeasured(str(e)) from e
     if len(history) < cfg.epochs:  # (the last training section: no later model needs ctx.trained())
