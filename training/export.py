@@ -16,11 +16,13 @@ import shlex
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import torch
 from torch import nn
 
@@ -35,10 +37,10 @@ from service.runtime.model_dir import (
     sha256_file,
     write_card,
 )
-from training.architectures import get_architecture
+from training.architectures import ExportSpec, get_architecture
 from training.checkpoint import load_model, training_command
 from training.data import DATA_DIR_ENV, MNISTSplit, load_split
-from training.export_card import DECODER_INPUTS, INPUT_NAME, build_card, stamp
+from training.export_card import DECODER_INPUTS, INPUT_NAME, CardIdentity, build_card, stamp
 from training.export_graphs import (
     TOLERANCES,
     TORCHSCRIPT,
@@ -96,6 +98,71 @@ def _check_request(name: str, opset: int, out_dir: Path | str) -> None:
         raise ExportError(f"opset {opset} is too old: use {MIN_OPSET} or newer")
 
 
+@dataclass
+class _Artifacts:
+    """What an export has built and checked against PyTorch so far; nothing is written until all of it passes."""
+
+    parity: dict[str, Any]
+    protos: dict[str, onnx.ModelProto] = field(default_factory=dict)
+    twin: torch.jit.ScriptModule | None = None
+    programs: dict[str, torch.export.ExportedProgram] = field(default_factory=dict)
+
+
+def _export_spec(model: nn.Module, arch: str, model_config: dict[str, Any]) -> ExportSpec:
+    entry = get_architecture(arch)
+    if entry.export is None:
+        raise ExportError(
+            f"architecture {arch!r} cannot be exported: its entry in training/architectures.py has no export spec"
+        )
+    spec = entry.export(model, model_config)
+    roles = [o.role for o in spec.outputs]
+    if roles.count("scores") != 1:
+        raise ExportError(
+            f"architecture {arch!r}: its export spec must have exactly one scores output, has roles {roles}"
+        )
+    if spec.decode is not None and "poses" not in roles:
+        raise ExportError(f"architecture {arch!r}: a decoder needs a poses output, the outputs have roles {roles}")
+    return spec
+
+
+RECONSTRUCTION = ["reconstruction"]  # the decoder's one output: its name and its role
+
+
+@dataclass
+class _DecoderCheck:
+    """The decoder graph with its verification inputs (poses, one-hot masks) and PyTorch's outputs on them."""
+
+    graph: DecoderGraph
+    inputs: list[np.ndarray]
+    reference: dict[int, list[np.ndarray]]
+
+
+def _export_decoder(
+    model: nn.Module, spec: ExportSpec, poses: np.ndarray, num_classes: int, opset: int, out: _Artifacts
+) -> _DecoderCheck:
+    """decoder.onnx from (poses, one-hot masks cycling through the classes), checked against PyTorch."""
+    inputs = [poses, class_masks(len(poses), num_classes)]
+    decoder = DecoderGraph(model, spec).eval()
+    with torch.no_grad():
+        reference = {b: to_numpy(decoder(*(torch.from_numpy(a[:b]) for a in inputs))) for b in VERIFY_BATCHES}
+    out.protos[DECODER_FILE], out.parity[DECODER_FILE], _ = export_graph(
+        decoder, DECODER_FILE, inputs, list(DECODER_INPUTS), RECONSTRUCTION, RECONSTRUCTION, reference, opset
+    )
+    return _DecoderCheck(decoder, inputs, reference)
+
+
+def _onnx_metrics(session: ort.InferenceSession, scores: str, num_classes: int, split: MNISTSplit) -> dict[str, Any]:
+    log.info("evaluating %s on %d test images with ONNX Runtime", GRAPH_FILE, len(split))
+    result = evaluate_session(session, INPUT_NAME, scores, num_classes, split)
+    return {
+        "mnist_test_error": result.test_error,
+        "n": result.n,
+        "errors": result.errors,
+        "per_class_error": result.to_dict()["per_class_error"],
+        "evaluated_with": "onnxruntime",
+    }
+
+
 def export_module(
     model: nn.Module,
     arch: str,
@@ -125,103 +192,50 @@ def export_module(
         evaluate_on: a split to evaluate the exported ONNX graph on with ONNX Runtime for the card's metrics.
     """
     _check_request(name, opset, out_dir)
-    entry = get_architecture(arch)
-    if entry.export is None:
-        raise ExportError(
-            f"architecture {arch!r} cannot be exported: its entry in training/architectures.py has no export spec"
-        )
     model = copy.deepcopy(model).cpu().eval()
-    spec = entry.export(model, model_config)
+    spec = _export_spec(model, arch, model_config)
     roles: list[str] = [o.role for o in spec.outputs]
-    if roles.count("scores") != 1:
-        raise ExportError(
-            f"architecture {arch!r}: its export spec must have exactly one scores output, has roles {roles}"
-        )
+    names = [o.name for o in spec.outputs]
     images, images_source = verification_images(verify_images, spec.input_shape, seed)
-    images_source = verify_description or images_source
+    out = _Artifacts(parity={"images": verify_description or images_source, "tolerance": dict(TOLERANCES)})
     graph = ImageGraph(model, spec).eval()
-    parity: dict[str, Any] = {"images": images_source, "tolerance": dict(TOLERANCES)}
-    protos: dict[str, onnx.ModelProto] = {}
     with torch.no_grad():
         reference = {b: to_numpy(graph(torch.from_numpy(images[:b]))) for b in VERIFY_BATCHES}
-    names = [o.name for o in spec.outputs]
-    protos[GRAPH_FILE], parity[GRAPH_FILE], session = export_graph(
+    out.protos[GRAPH_FILE], out.parity[GRAPH_FILE], session = export_graph(
         graph, GRAPH_FILE, [images], [INPUT_NAME], names, roles, reference, opset
     )
     full = reference[max(VERIFY_BATCHES)]
     num_classes = int(full[roles.index("scores")].shape[1])
-    decoder_inputs: list[np.ndarray] = []
-    decoder: DecoderGraph | None = None
-    decoder_reference: dict[int, list[np.ndarray]] = {}
-    recon = ["reconstruction"]  # the decoder's one output: its name and its role
+    decoder = None
     if spec.decode is not None:
-        if "poses" not in roles:
-            raise ExportError(f"architecture {arch!r}: a decoder needs a poses output, the outputs have roles {roles}")
-        # decoder.onnx (and decoder.pt2) from (poses, one-hot masks), checked against PyTorch like capsnet.onnx.
-        decoder_inputs = [full[roles.index("poses")], class_masks(len(images), num_classes)]
-        decoder = DecoderGraph(model, spec).eval()
-        with torch.no_grad():
-            decoder_reference = {
-                b: to_numpy(decoder(*(torch.from_numpy(a[:b]) for a in decoder_inputs))) for b in VERIFY_BATCHES
-            }
-        protos[DECODER_FILE], parity[DECODER_FILE], _ = export_graph(
-            decoder, DECODER_FILE, decoder_inputs, list(DECODER_INPUTS), recon, recon, decoder_reference, opset
-        )
-    twin = None
+        decoder = _export_decoder(model, spec, full[roles.index("poses")], num_classes, opset, out)
+    decoder_inputs = decoder.inputs if decoder is not None else []
     if torchscript:
-        twin, parity[TORCHSCRIPT] = trace_twin(graph, images, decoder_inputs, names, roles, reference)
-    programs: dict[str, torch.export.ExportedProgram] = {}
+        out.twin, out.parity[TORCHSCRIPT] = trace_twin(graph, images, decoder_inputs, names, roles, reference)
     if pt2:
-        programs[PROGRAM], parity[PROGRAM] = export_program(graph, PROGRAM, [images], names, roles, reference)
+        out.programs[PROGRAM], out.parity[PROGRAM] = export_program(graph, PROGRAM, [images], names, roles, reference)
         if decoder is not None:
-            programs[DECODER_PROGRAM], parity[DECODER_PROGRAM] = export_program(
-                decoder, DECODER_PROGRAM, decoder_inputs, recon, recon, decoder_reference
+            out.programs[DECODER_PROGRAM], out.parity[DECODER_PROGRAM] = export_program(
+                decoder.graph, DECODER_PROGRAM, decoder.inputs, RECONSTRUCTION, RECONSTRUCTION, decoder.reference
             )
     if evaluate_on is not None:
-        log.info("evaluating %s on %d test images with ONNX Runtime", GRAPH_FILE, len(evaluate_on))
-        result = evaluate_session(session, INPUT_NAME, names[roles.index("scores")], num_classes, evaluate_on)
-        metrics = {
-            "mnist_test_error": result.test_error,
-            "n": result.n,
-            "errors": result.errors,
-            "per_class_error": result.to_dict()["per_class_error"],
-            "evaluated_with": "onnxruntime",
-        }
-    card = build_card(
-        name=name,
-        version=version,
-        arch=arch,
-        model_config=model_config,
-        spec=spec,
-        parameters=count_parameters(model),
-        outputs=full,
-        num_classes=num_classes,
-        decoder_inputs=decoder_inputs,
-        metrics=metrics,
-        training_info=training_info,
-        opset=opset,
-        parity=parity,
-    )
-    return _write(Path(out_dir), card, protos, twin, programs)
+        metrics = _onnx_metrics(session, names[roles.index("scores")], num_classes, evaluate_on)
+    identity = CardIdentity(name, version, arch, model_config, count_parameters(model))
+    card = build_card(identity, spec, full, decoder_inputs, out.parity, opset, metrics, training_info)
+    return _write(Path(out_dir), card, out)
 
 
-def _write(
-    out_dir: Path,
-    card: dict[str, Any],
-    protos: dict[str, onnx.ModelProto],
-    twin: torch.jit.ScriptModule | None,
-    programs: dict[str, torch.export.ExportedProgram] | None = None,
-) -> dict[str, Any]:
+def _write(out_dir: Path, card: dict[str, Any], artifacts: _Artifacts) -> dict[str, Any]:
     """Write every file into a staging directory beside out_dir, hash them into the card, then move them in."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export-", dir=out_dir.parent))
     try:
-        for file, proto in protos.items():
+        for file, proto in artifacts.protos.items():
             (staging / file).write_bytes(stamp(proto, card))
-        if twin is not None:
+        if artifacts.twin is not None:
             with quiet_torch():
-                torch.jit.save(twin, str(staging / TORCHSCRIPT), _extra_files={CARD_FILE: json.dumps(card)})
-        for file, program in (programs or {}).items():
+                torch.jit.save(artifacts.twin, str(staging / TORCHSCRIPT), _extra_files={CARD_FILE: json.dumps(card)})
+        for file, program in artifacts.programs.items():
             with quiet_torch():
                 torch.export.save(program, str(staging / file), extra_files={CARD_FILE: json.dumps(card)})
         files = file_entries(staging, list(ARTIFACTS))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -68,24 +69,35 @@ def output_shape(array: np.ndarray) -> list[int]:
     return [-1, *(int(d) for d in array.shape[1:])]
 
 
+@dataclass(frozen=True)
+class CardIdentity:
+    """What the card says the model is, as opposed to what export measures."""
+
+    name: str
+    version: str
+    arch: str
+    model_config: dict[str, Any]
+    parameters: int
+
+
 def build_card(
-    *,
-    name: str,
-    version: str,
-    arch: str,
-    model_config: dict[str, Any],
+    identity: CardIdentity,
     spec: ExportSpec,
-    parameters: int,
     outputs: list[np.ndarray],
-    num_classes: int,
     decoder_inputs: list[np.ndarray],
-    metrics: dict[str, Any] | None,
-    training_info: dict[str, Any] | None,
-    opset: int,
     parity: dict[str, Any],
+    opset: int,
+    metrics: dict[str, Any] | None = None,
+    training_info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The card without `files` (docs/model-card.md); shapes come from the measured PyTorch outputs."""
+    """The card without `files` (docs/model-card.md); shapes come from the measured PyTorch outputs.
+
+    Args:
+        outputs: the image graph's outputs in the spec's order; decoder_inputs: (poses, masks), or [] without
+            a decoder; parity: the card's `export.parity`.
+    """
     roles = [o.role for o in spec.outputs]
+    num_classes = int(outputs[roles.index("scores")].shape[1])
     image_shape = [-1, *spec.input_shape]
     poses = outputs[roles.index("poses")] if "poses" in roles else None
     decoder = None
@@ -100,13 +112,13 @@ def build_card(
         }
     return {
         "format_version": CARD_FORMAT_VERSION,
-        "name": name,
-        "version": version,
+        "name": identity.name,
+        "version": identity.version,
         "description": spec.description,
-        "architecture": arch,
-        "model_config": model_config,
+        "architecture": identity.arch,
+        "model_config": identity.model_config,
         "routing": spec.routing,
-        "parameters": parameters,
+        "parameters": identity.parameters,
         "input": {
             "name": INPUT_NAME,
             "shape": image_shape,
