@@ -150,7 +150,8 @@ class MultiMNISTTask:
         return [order[first : first + self.cfg.batch_size] for first in range(0, len(order), self.cfg.batch_size)]
 
     def step(self, model: nn.Module, batch: np.ndarray, progress: float, autocast: Autocast) -> Step:
-        assert self.data is not None, "batches() draws the epoch's composites first"
+        if self.data is None:
+            raise RuntimeError("MultiMNISTTask.step before batches(): the epoch's composites are not drawn yet")
         labels = torch.from_numpy(self.data.labels[batch]).to(self.device)
         images, digits = _float(self.data.images[batch], self.device), _float(self.data.digits[batch], self.device)
         loss, parts = multimnist_loss(cast(CapsNet, model), images, labels, digits)
