@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import training.report
 from training.data import IDXError, resolve_data_dir
 from training.device import DEVICE_CHOICES, resolve_device
 from training.loop import EXIT_UNFINISHED
@@ -100,7 +101,9 @@ def build_report(ctx: Context, selected: set[str], reuse: bool) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m training.report", description=(training.report.__doc__ or "").splitlines()[0]
+    )
     p.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
     p.add_argument("--out", default="docs", help="where REPORT.md and report/ go (default: docs)")
     p.add_argument(
