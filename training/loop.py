@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from training.checkpoint import (
+    CheckpointMismatch,
     check_resumable,
     load_checkpoint,
     restore_rng_states,
@@ -186,6 +187,8 @@ class Trainer(Generic[TaskT]):
 
     def _restore(self, path: str, strict: bool) -> None:
         state = load_checkpoint(path)
+        if missing := sorted({"arch", "model_config", "train_config", "epoch", "history"} - state.keys()):
+            raise CheckpointMismatch(f"{path} is not a checkpoint of this training loop (no {', '.join(missing)})")
         if state["arch"] != self.cfg.arch or state["model_config"] != self.model_config:
             raise ValueError(f"checkpoint {path} was trained with a different architecture or model config")
         if strict:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.checkpoint import load_checkpoint
+from training.checkpoint import CheckpointMismatch, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.loop import Autocast, Step, Trainer
 
@@ -91,3 +91,10 @@ def test_resuming_with_other_settings_is_refused(tmp_path: Path) -> None:
         Trainer(replace(CFG, lr=0.1), ToyTask(), model, {"in": 3, "out": 1}, None, last, strict_resume=True)
     with pytest.raises(ValueError, match="different architecture or model config"):
         Trainer(CFG, ToyTask(), model, {"in": 4, "out": 1}, None, last, strict_resume=True)
+
+
+def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:
+    """E.g. a MultiMNIST checkpoint written before MultiMNIST trained on this loop (keys config, order_rng)."""
+    save_checkpoint(tmp_path / "old.pt", {"config": {}, "model": {}, "history": [], "order_rng": {}})
+    with pytest.raises(CheckpointMismatch, match=r"old\.pt is not a checkpoint of this training loop \(no arch, "):
+        toy_trainer(None, epochs=1, resume=str(tmp_path / "old.pt"))
