@@ -33,9 +33,8 @@ import onnxruntime as ort
 from service.core.config import Settings, cgroup_cpu_limit
 from service.flops import GemmProbe, onnx_flops_per_image
 from service.loadgen import DRIVERS, KINDS, LoadResult, available_drivers, payload, run_load
-from service.runtime.card import GRAPH_FILE, ModelCard
+from service.runtime.model_dir import GRAPH_FILE, ModelCard, create_session
 from service.runtime.repository import scan_repository
-from service.runtime.sessions import create_session
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)

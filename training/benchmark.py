@@ -9,46 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 
 import torch
 
 from training.architectures import get_architecture
-from training.evaluate import resolve_device
-from training.train import TrainConfig, model_config_for, use_amp
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo where there is one, else the platform's machine type."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_description(device: torch.device) -> dict[str, str | int]:
-    info: dict[str, str | int] = {
-        "platform": platform.platform(),
-        "processor": cpu_model(),
-        "cpu_count": os.cpu_count() or 0,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "device": str(device),
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from training.device import resolve_device, synchronize, use_amp
+from training.machine import machine_description
+from training.train import TrainConfig, model_config_for
 
 
 def time_training(cfg: TrainConfig, device: torch.device, steps: int, warmup: int = 2) -> float:

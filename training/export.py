@@ -8,21 +8,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import io
 import json
 import logging
 import os
-import platform
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
-import warnings
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,246 +27,53 @@ import torch
 from torch import nn
 
 from model.capsnet import count_parameters
+from service.runtime.model_dir import (
+    CARD_FILE,
+    DECODER_FILE,
+    GRAPH_FILE,
+    ModelDirError,
+    file_entries,
+    load_model_dir,
+    sha256_file,
+    write_card,
+)
 from training.architectures import ExportSpec, get_architecture
 from training.checkpoint import load_model, training_command
-from training.data import DATA_DIR_ENV, MNISTSplit, load_split, to_float
-from training.onnx_eval import (
-    CARD_FILE,
-    CARD_FORMAT_VERSION,
-    ModelDirError,
-    check_model_dir,
-    evaluate_session,
-    make_session,
-    sha256_file,
+from training.data import DATA_DIR_ENV, MNISTSplit, load_split
+from training.export_card import DECODER_INPUTS, INPUT_NAME, CardIdentity, build_card, stamp
+from training.export_graphs import (
+    TOLERANCES,
+    TORCHSCRIPT,
+    VERIFY_BATCHES,
+    DecoderGraph,
+    ExportError,
+    ImageGraph,
+    class_masks,
+    export_graph,
+    export_program,
+    quiet_torch,
+    to_numpy,
+    trace_twin,
+    verification_images,
 )
+from training.onnx_eval import evaluate_session
 
 log = logging.getLogger(__name__)
 
-CAPSNET_ONNX = "capsnet.onnx"
-DECODER_ONNX = "decoder.onnx"
-TORCHSCRIPT = "capsnet.ts"
 PROGRAM = "capsnet.pt2"  # torch.export program of forward (for AOTInductor / ExecuTorch users)
 DECODER_PROGRAM = "decoder.pt2"
-ARTIFACTS = (CAPSNET_ONNX, DECODER_ONNX, TORCHSCRIPT, PROGRAM, DECODER_PROGRAM)
+ARTIFACTS = (GRAPH_FILE, DECODER_FILE, TORCHSCRIPT, PROGRAM, DECODER_PROGRAM)
 DEFAULT_OPSET = 18
 MIN_OPSET = 18
-CONTROL_FLOW_OPS = frozenset({"Loop", "If", "Scan"})
-TOLERANCES: dict[str, float] = {"scores": 1e-4, "poses": 1e-4, "reconstruction": 1e-3}  # max abs difference, by role
-VERIFY_BATCHES = (1, 64)
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
-REPO_ROOT = Path(__file__).resolve().parents[1]
-INPUT_NAME = "image"
-DECODER_INPUTS = ("poses", "mask")
-NOISY_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnx_ir")  # "torchvision is not installed", pass stats
-
-
-class ExportError(ModelDirError):
-    """An export that cannot be written or fails its own verification; the message names the file."""
 
 
 def verify_model_dir(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check every file of a model directory against the sha256 in its card; return the card."""
     try:
-        return check_model_dir(path)
+        return load_model_dir(path).raw_card
     except ModelDirError as e:
-        raise ExportError(str(e)) from e
-
-
-class ImageGraph(nn.Module):
-    """image (N, C, H, W) -> the spec's outputs; `decode` (poses, mask) -> reconstruction when there is a decoder."""
-
-    def __init__(self, model: nn.Module, spec: ExportSpec) -> None:
-        super().__init__()
-        self.model = model
-        self.spec = spec
-
-    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.spec.forward(self.model, image))
-
-    def decode(self, poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.spec.decode is None:
-            raise RuntimeError("this model has no decoder")
-        return self.spec.decode(self.model, poses, mask)
-
-
-class DecoderGraph(nn.Module):
-    """(poses, mask) -> reconstruction: the graph of decoder.onnx."""
-
-    def __init__(self, model: nn.Module, spec: ExportSpec) -> None:
-        super().__init__()
-        if spec.decode is None:
-            raise ValueError("this model has no decoder")
-        self.model = model
-        self.decode = spec.decode
-
-    def forward(self, poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.model, poses, mask)
-
-
-@contextmanager
-def _quiet_torch() -> Iterator[None]:
-    """Silence the chatter of torch.jit, torch.onnx and onnx_ir internals; our own warnings and errors still show."""
-    loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.\w+` is deprecated.*")
-        warnings.filterwarnings("ignore", message=r".*LeafSpec.*")
-        warnings.filterwarnings("ignore", message=r".*The axis name: \w+ will not be used.*")
-        for logger in loggers:
-            logger.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for logger, level in zip(loggers, levels, strict=True):
-                logger.setLevel(level)
-
-
-def control_flow_nodes(model: onnx.ModelProto) -> list[str]:
-    """Loop/If/Scan nodes anywhere in `model`: its graph, subgraphs held in attributes, and local functions."""
-
-    def walk(nodes: Iterable[onnx.NodeProto]) -> Iterator[str]:
-        for node in nodes:
-            if node.op_type in CONTROL_FLOW_OPS:
-                yield f"{node.op_type} {node.name!r}"
-            for attr in node.attribute:
-                for sub in [attr.g] if attr.HasField("g") else attr.graphs:
-                    yield from walk(sub.node)
-
-    return [*walk(model.graph.node), *(found for f in model.functions for found in walk(f.node))]
-
-
-def _to_onnx(
-    module: nn.Module, args: tuple[torch.Tensor, ...], inputs: list[str], outputs: list[str], opset: int
-) -> onnx.ModelProto:
-    """Export with the dynamo exporter and a dynamic batch axis on every input.
-
-    The onnxscript optimizer is off: it folds `x + 1e-8` into `x`, which drops the EPS of
-    `capsule_length` and moves the lengths by up to 1e-4.
-    """
-    batch = torch.export.Dim("batch")
-    with _quiet_torch():
-        program = torch.onnx.export(
-            module,
-            args,
-            input_names=inputs,
-            output_names=outputs,
-            opset_version=opset,
-            dynamic_shapes=tuple({0: batch} for _ in args),
-            dynamo=True,
-            optimize=False,
-            verbose=False,
-        )
-    if program is None:
-        raise ExportError("torch.onnx.export returned no program")
-    return program.model_proto
-
-
-def _check_graph(proto: onnx.ModelProto, file: str, inputs: list[str], outputs: list[str], opset: int) -> None:
-    try:
-        onnx.checker.check_model(proto, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ExportError(f"{file}: onnx.checker rejects the graph: {e}") from e
-    loops = control_flow_nodes(proto)
-    if loops:
-        raise ExportError(f"{file}: routing is not unrolled, the graph has {', '.join(loops)}")
-    default_opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if default_opset < opset:
-        raise ExportError(f"{file}: opset {default_opset}, expected {opset}")
-    found_in, found_out = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
-    if found_in != inputs or found_out != outputs:
-        raise ExportError(f"{file}: inputs {found_in} and outputs {found_out}, expected {inputs} and {outputs}")
-    for value in [*proto.graph.input, *proto.graph.output]:
-        dim0 = value.type.tensor_type.shape.dim[0]
-        if not dim0.dim_param:
-            raise ExportError(f"{file}: {value.name} has a fixed batch axis ({dim0.dim_value}); it must be dynamic")
-
-
-def _max_abs_diffs(
-    file: str, batch: int, names: list[str], roles: list[str], expected: list[np.ndarray], got: list[np.ndarray]
-) -> dict[str, float]:
-    """Max abs difference per output; raise when a shape differs or a difference exceeds its role's tolerance."""
-    diffs: dict[str, float] = {}
-    for name, role, want, have in zip(names, roles, expected, got, strict=True):
-        if have.shape != want.shape:
-            raise ExportError(
-                f"{file}: {name} has shape {list(have.shape)} at batch {batch}, PyTorch gives {list(want.shape)}"
-            )
-        diff = float(np.max(np.abs(want.astype(np.float64) - have))) if want.size else 0.0
-        tolerance = TOLERANCES[role]
-        if not diff <= tolerance:  # also catches NaN
-            raise ExportError(
-                f"{file}: {name} differs from PyTorch by {diff:.3g} at batch {batch} (tolerance {tolerance:g})"
-            )
-        diffs[name] = diff
-    return diffs
-
-
-def _numpy(tensors: tuple[torch.Tensor, ...] | torch.Tensor) -> list[np.ndarray]:
-    items = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
-    return [t.detach().cpu().numpy() for t in items]
-
-
-def _verification_images(
-    images: np.ndarray | None, input_shape: tuple[int, int, int], seed: int
-) -> tuple[np.ndarray, str]:
-    """max(VERIFY_BATCHES) float32 images in [0, 1] (uint8 scaled, short inputs repeated) and how they were chosen."""
-    n = max(VERIFY_BATCHES)
-    if images is None:
-        rng = np.random.default_rng(seed)
-        return rng.random((n, *input_shape), dtype=np.float32), f"uniform random images in [0, 1], seed {seed}"
-    if images.ndim != 4 or tuple(images.shape[1:]) != input_shape or len(images) == 0:
-        raise ExportError(
-            f"verification images have shape {list(images.shape)}, expected [N, {', '.join(map(str, input_shape))}]"
-        )
-    floats = to_float(images) if images.dtype == np.uint8 else images.astype(np.float32)
-    return np.resize(floats, (n, *input_shape)), f"{len(images)} given images"
-
-
-def _class_masks(n: int, num_classes: int) -> np.ndarray:
-    """One-hot masks (n, K) cycling through the classes, so the decoder is checked on every class."""
-    return np.eye(num_classes, dtype=np.float32)[np.arange(n) % num_classes]
-
-
-def _git_state() -> dict[str, Any]:
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip()
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no", "--", "model", "training")
-    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
-
-
-def _tool_versions() -> dict[str, str]:
-    return {
-        "torch": torch.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": ort.__version__,
-        "python": platform.python_version(),
-    }
-
-
-def _stamp(proto: onnx.ModelProto, card: dict[str, Any]) -> bytes:
-    """Carry the card (without `files`) in metadata_props; return the serialized model."""
-    del proto.metadata_props[:]
-    onnx.helper.set_model_props(
-        proto,
-        {
-            "capsnet.card": json.dumps(card),
-            "capsnet.format_version": str(card["format_version"]),
-            "capsnet.name": card["name"],
-            "capsnet.version": card["version"],
-            "capsnet.architecture": card["architecture"],
-            "capsnet.classes": json.dumps(card["classes"]),
-            "capsnet.scores_output": card["scores"]["output"],
-        },
-    )
-    proto.producer_name = "capsnet-serve"
-    proto.doc_string = card["description"]
-    return proto.SerializeToString()
+        raise ExportError(f"{path}: {e}") from e
 
 
 def _install(staging: Path, out_dir: Path) -> None:
@@ -295,6 +96,71 @@ def _check_request(name: str, opset: int, out_dir: Path | str) -> None:
         )
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old: use {MIN_OPSET} or newer")
+
+
+@dataclass
+class _Artifacts:
+    """What an export has built and checked against PyTorch so far; nothing is written until all of it passes."""
+
+    parity: dict[str, Any]
+    protos: dict[str, onnx.ModelProto] = field(default_factory=dict)
+    twin: torch.jit.ScriptModule | None = None
+    programs: dict[str, torch.export.ExportedProgram] = field(default_factory=dict)
+
+
+def _export_spec(model: nn.Module, arch: str, model_config: dict[str, Any]) -> ExportSpec:
+    entry = get_architecture(arch)
+    if entry.export is None:
+        raise ExportError(
+            f"architecture {arch!r} cannot be exported: its entry in training/architectures.py has no export spec"
+        )
+    spec = entry.export(model, model_config)
+    roles = [o.role for o in spec.outputs]
+    if roles.count("scores") != 1:
+        raise ExportError(
+            f"architecture {arch!r}: its export spec must have exactly one scores output, has roles {roles}"
+        )
+    if spec.decode is not None and "poses" not in roles:
+        raise ExportError(f"architecture {arch!r}: a decoder needs a poses output, the outputs have roles {roles}")
+    return spec
+
+
+RECONSTRUCTION = ["reconstruction"]  # the decoder's one output: its name and its role
+
+
+@dataclass
+class _DecoderCheck:
+    """The decoder graph with its verification inputs (poses, one-hot masks) and PyTorch's outputs on them."""
+
+    graph: DecoderGraph
+    inputs: list[np.ndarray]
+    reference: dict[int, list[np.ndarray]]
+
+
+def _export_decoder(
+    model: nn.Module, spec: ExportSpec, poses: np.ndarray, num_classes: int, opset: int, out: _Artifacts
+) -> _DecoderCheck:
+    """decoder.onnx from (poses, one-hot masks cycling through the classes), checked against PyTorch."""
+    inputs = [poses, class_masks(len(poses), num_classes)]
+    decoder = DecoderGraph(model, spec).eval()
+    with torch.no_grad():
+        reference = {b: to_numpy(decoder(*(torch.from_numpy(a[:b]) for a in inputs))) for b in VERIFY_BATCHES}
+    out.protos[DECODER_FILE], out.parity[DECODER_FILE], _ = export_graph(
+        decoder, DECODER_FILE, inputs, list(DECODER_INPUTS), RECONSTRUCTION, RECONSTRUCTION, reference, opset
+    )
+    return _DecoderCheck(decoder, inputs, reference)
+
+
+def _onnx_metrics(session: ort.InferenceSession, scores: str, num_classes: int, split: MNISTSplit) -> dict[str, Any]:
+    log.info("evaluating %s on %d test images with ONNX Runtime", GRAPH_FILE, len(split))
+    result = evaluate_session(session, INPUT_NAME, scores, num_classes, split)
+    return {
+        "mnist_test_error": result.test_error,
+        "n": result.n,
+        "errors": result.errors,
+        "per_class_error": result.to_dict()["per_class_error"],
+        "evaluated_with": "onnxruntime",
+    }
 
 
 def export_module(
@@ -326,281 +192,55 @@ def export_module(
         evaluate_on: a split to evaluate the exported ONNX graph on with ONNX Runtime for the card's metrics.
     """
     _check_request(name, opset, out_dir)
-    entry = get_architecture(arch)
-    if entry.export is None:
-        raise ExportError(
-            f"architecture {arch!r} cannot be exported: its entry in training/architectures.py has no export spec"
-        )
     model = copy.deepcopy(model).cpu().eval()
-    spec = entry.export(model, model_config)
+    spec = _export_spec(model, arch, model_config)
     roles: list[str] = [o.role for o in spec.outputs]
-    if roles.count("scores") != 1:
-        raise ExportError(
-            f"architecture {arch!r}: its export spec must have exactly one scores output, has roles {roles}"
-        )
-    images, images_source = _verification_images(verify_images, spec.input_shape, seed)
-    images_source = verify_description or images_source
-    graph = ImageGraph(model, spec).eval()
-    parity: dict[str, Any] = {"images": images_source, "tolerance": dict(TOLERANCES)}
-    protos: dict[str, onnx.ModelProto] = {}
-    with torch.no_grad():
-        reference = {b: _numpy(graph(torch.from_numpy(images[:b]))) for b in VERIFY_BATCHES}
     names = [o.name for o in spec.outputs]
-    protos[CAPSNET_ONNX], parity[CAPSNET_ONNX], session = _export_graph(
-        graph, CAPSNET_ONNX, [images], [INPUT_NAME], names, roles, reference, opset
+    images, images_source = verification_images(verify_images, spec.input_shape, seed)
+    out = _Artifacts(parity={"images": verify_description or images_source, "tolerance": dict(TOLERANCES)})
+    graph = ImageGraph(model, spec).eval()
+    with torch.no_grad():
+        reference = {b: to_numpy(graph(torch.from_numpy(images[:b]))) for b in VERIFY_BATCHES}
+    out.protos[GRAPH_FILE], out.parity[GRAPH_FILE], session = export_graph(
+        graph, GRAPH_FILE, [images], [INPUT_NAME], names, roles, reference, opset
     )
     full = reference[max(VERIFY_BATCHES)]
     num_classes = int(full[roles.index("scores")].shape[1])
-    decoder_inputs: list[np.ndarray] = []
-    decoder: DecoderGraph | None = None
-    decoder_reference: dict[int, list[np.ndarray]] = {}
-    recon = ["reconstruction"]  # the decoder's one output: its name and its role
+    decoder = None
     if spec.decode is not None:
-        if "poses" not in roles:
-            raise ExportError(f"architecture {arch!r}: a decoder needs a poses output, the outputs have roles {roles}")
-        # decoder.onnx (and decoder.pt2) from (poses, one-hot masks), checked against PyTorch like capsnet.onnx.
-        decoder_inputs = [full[roles.index("poses")], _class_masks(len(images), num_classes)]
-        decoder = DecoderGraph(model, spec).eval()
-        with torch.no_grad():
-            decoder_reference = {
-                b: _numpy(decoder(*(torch.from_numpy(a[:b]) for a in decoder_inputs))) for b in VERIFY_BATCHES
-            }
-        protos[DECODER_ONNX], parity[DECODER_ONNX], _ = _export_graph(
-            decoder, DECODER_ONNX, decoder_inputs, list(DECODER_INPUTS), recon, recon, decoder_reference, opset
-        )
-    twin = None
+        decoder = _export_decoder(model, spec, full[roles.index("poses")], num_classes, opset, out)
+    decoder_inputs = decoder.inputs if decoder is not None else []
     if torchscript:
-        twin, parity[TORCHSCRIPT] = _trace_twin(graph, images, decoder_inputs, names, roles, reference)
-    programs: dict[str, torch.export.ExportedProgram] = {}
+        out.twin, out.parity[TORCHSCRIPT] = trace_twin(graph, images, decoder_inputs, names, roles, reference)
     if pt2:
-        programs[PROGRAM], parity[PROGRAM] = _export_program(graph, PROGRAM, [images], names, roles, reference)
+        out.programs[PROGRAM], out.parity[PROGRAM] = export_program(graph, PROGRAM, [images], names, roles, reference)
         if decoder is not None:
-            programs[DECODER_PROGRAM], parity[DECODER_PROGRAM] = _export_program(
-                decoder, DECODER_PROGRAM, decoder_inputs, recon, recon, decoder_reference
+            out.programs[DECODER_PROGRAM], out.parity[DECODER_PROGRAM] = export_program(
+                decoder.graph, DECODER_PROGRAM, decoder.inputs, RECONSTRUCTION, RECONSTRUCTION, decoder.reference
             )
     if evaluate_on is not None:
-        log.info("evaluating %s on %d test images with ONNX Runtime", CAPSNET_ONNX, len(evaluate_on))
-        result = evaluate_session(session, INPUT_NAME, names[roles.index("scores")], num_classes, evaluate_on)
-        metrics = {
-            "mnist_test_error": result.test_error,
-            "n": result.n,
-            "errors": result.errors,
-            "per_class_error": result.to_dict()["per_class_error"],
-            "evaluated_with": "onnxruntime",
-        }
-    card = _card(
-        name=name,
-        version=version,
-        arch=arch,
-        model_config=model_config,
-        spec=spec,
-        parameters=count_parameters(model),
-        outputs=full,
-        num_classes=num_classes,
-        decoder_inputs=decoder_inputs,
-        metrics=metrics,
-        training_info=training_info,
-        opset=opset,
-        parity=parity,
-    )
-    return _write(Path(out_dir), card, protos, twin, programs)
+        metrics = _onnx_metrics(session, names[roles.index("scores")], num_classes, evaluate_on)
+    identity = CardIdentity(name, version, arch, model_config, count_parameters(model))
+    card = build_card(identity, spec, full, decoder_inputs, out.parity, opset, metrics, training_info)
+    return _write(Path(out_dir), card, out)
 
 
-def _export_graph(
-    module: nn.Module,
-    file: str,
-    arrays: list[np.ndarray],
-    inputs: list[str],
-    outputs: list[str],
-    roles: list[str],
-    reference: dict[int, list[np.ndarray]],
-    opset: int,
-) -> tuple[onnx.ModelProto, dict[str, Any], ort.InferenceSession]:
-    """Export `module`, check the graph, and compare ONNX Runtime with PyTorch at every verification batch size."""
-    log.info("exporting %s (opset %d)", file, opset)
-    example = tuple(torch.from_numpy(a[:2]) for a in arrays)  # batch 2: the batch axis stays symbolic
-    try:
-        proto = _to_onnx(module, example, inputs, outputs, opset)
-    except ExportError:
-        raise
-    except Exception as e:
-        raise ExportError(f"{file}: torch.onnx.export failed: {e}") from e
-    _check_graph(proto, file, inputs, outputs, opset)
-    session = make_session(proto.SerializeToString())
-    parity = {}
-    for b in VERIFY_BATCHES:
-        got = session.run(outputs, {name: a[:b] for name, a in zip(inputs, arrays, strict=True)})
-        parity[f"batch_{b}"] = _max_abs_diffs(file, b, outputs, roles, reference[b], got)
-    return proto, parity, session
-
-
-def _trace_twin(
-    graph: ImageGraph,
-    images: np.ndarray,
-    decoder_inputs: list[np.ndarray],
-    names: list[str],
-    roles: list[str],
-    reference: dict[int, list[np.ndarray]],
-) -> tuple[torch.jit.ScriptModule, dict[str, Any]]:
-    """Trace `forward` (and `decode`) into TorchScript, reload it from bytes, and compare with PyTorch."""
-    log.info("tracing %s", TORCHSCRIPT)
-    methods: dict[str, tuple[torch.Tensor, ...]] = {"forward": (torch.from_numpy(images[:2]),)}
-    if decoder_inputs:
-        methods["decode"] = tuple(torch.from_numpy(a[:2]) for a in decoder_inputs)
-    with _quiet_torch(), torch.no_grad():
-        try:
-            twin = torch.jit.trace_module(graph, methods)
-        except Exception as e:
-            raise ExportError(f"{TORCHSCRIPT}: torch.jit.trace failed: {e}") from e
-        buffer = io.BytesIO()
-        torch.jit.save(twin, buffer)
-        buffer.seek(0)
-        loaded = torch.jit.load(buffer)
-        parity: dict[str, Any] = {}
-        for b in VERIFY_BATCHES:
-            diffs = _max_abs_diffs(
-                TORCHSCRIPT, b, names, roles, reference[b], _numpy(loaded(torch.from_numpy(images[:b])))
-            )
-            if decoder_inputs:
-                args = [torch.from_numpy(a[:b]) for a in decoder_inputs]
-                want = _numpy(graph.decode(*args))
-                got = _numpy(loaded.decode(*args))
-                diffs |= _max_abs_diffs(TORCHSCRIPT, b, ["decode.reconstruction"], ["reconstruction"], want, got)
-            parity[f"batch_{b}"] = diffs
-    return twin, parity
-
-
-def _export_program(
-    module: nn.Module,
-    file: str,
-    arrays: list[np.ndarray],
-    outputs: list[str],
-    roles: list[str],
-    reference: dict[int, list[np.ndarray]],
-) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
-    """torch.export with a dynamic batch axis; saved, reloaded from bytes and compared with PyTorch per batch size."""
-    log.info("exporting %s (torch.export)", file)
-    example = tuple(torch.from_numpy(a[:2]) for a in arrays)
-    batch = torch.export.Dim("batch")
-    with _quiet_torch(), torch.no_grad():
-        try:
-            program = torch.export.export(module, example, dynamic_shapes=tuple({0: batch} for _ in arrays))
-        except Exception as e:
-            raise ExportError(f"{file}: torch.export failed: {e}") from e
-        buffer = io.BytesIO()
-        torch.export.save(program, buffer)
-        loaded = torch.export.load(io.BytesIO(buffer.getvalue())).module()
-        parity: dict[str, Any] = {}
-        for b in VERIFY_BATCHES:
-            got = _numpy(loaded(*(torch.from_numpy(a[:b]) for a in arrays)))
-            parity[f"batch_{b}"] = _max_abs_diffs(file, b, outputs, roles, reference[b], got)
-    return program, parity
-
-
-def _shape(array: np.ndarray) -> list[int]:
-    return [-1, *(int(d) for d in array.shape[1:])]
-
-
-def _card(
-    *,
-    name: str,
-    version: str,
-    arch: str,
-    model_config: dict[str, Any],
-    spec: ExportSpec,
-    parameters: int,
-    outputs: list[np.ndarray],
-    num_classes: int,
-    decoder_inputs: list[np.ndarray],
-    metrics: dict[str, Any] | None,
-    training_info: dict[str, Any] | None,
-    opset: int,
-    parity: dict[str, Any],
-) -> dict[str, Any]:
-    """The card without `files` (docs/model-card.md); shapes come from the measured PyTorch outputs."""
-    roles = [o.role for o in spec.outputs]
-    image_shape = [-1, *spec.input_shape]
-    poses = outputs[roles.index("poses")] if "poses" in roles else None
-    decoder = None
-    if decoder_inputs:
-        decoder = {
-            "file": DECODER_ONNX,
-            "inputs": [
-                {"name": n, "shape": _shape(a), "datatype": "FP32"}
-                for n, a in zip(DECODER_INPUTS, decoder_inputs, strict=True)
-            ],
-            "output": {"name": "reconstruction", "shape": image_shape, "datatype": "FP32"},
-        }
-    return {
-        "format_version": CARD_FORMAT_VERSION,
-        "name": name,
-        "version": version,
-        "description": spec.description,
-        "architecture": arch,
-        "model_config": model_config,
-        "routing": spec.routing,
-        "parameters": parameters,
-        "input": {
-            "name": INPUT_NAME,
-            "shape": image_shape,
-            "datatype": "FP32",
-            "range": [0.0, 1.0],
-            "layout": "NCHW",
-            "normalization": "pixel / 255: white digit on black, as in the MNIST files; no mean or std shift",
-        },
-        "classes": [str(k) for k in range(num_classes)],
-        "outputs": [
-            {"name": o.name, "shape": _shape(a), "datatype": "FP32", "role": o.role, "description": o.description}
-            for o, a in zip(spec.outputs, outputs, strict=True)
-        ],
-        "scores": {"output": spec.outputs[roles.index("scores")].name, "kind": spec.scores_kind},
-        "pose_shape": None if poses is None else [int(d) for d in poses.shape[2:]],
-        "decoder": decoder,
-        "metrics": {"mnist_test_error": None, "n": 0, "evaluated_with": None, **(metrics or {})},
-        "training": {
-            "command": None,
-            "epochs": None,
-            "seed": None,
-            "data_sha256": {},
-            "history": [],
-            **(training_info or {}),
-        },
-        "export": {
-            "onnx_opset": opset,
-            "tools": _tool_versions(),
-            **_git_state(),
-            "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "parity": parity,
-        },
-    }
-
-
-def _write(
-    out_dir: Path,
-    card: dict[str, Any],
-    protos: dict[str, onnx.ModelProto],
-    twin: torch.jit.ScriptModule | None,
-    programs: dict[str, torch.export.ExportedProgram] | None = None,
-) -> dict[str, Any]:
+def _write(out_dir: Path, card: dict[str, Any], artifacts: _Artifacts) -> dict[str, Any]:
     """Write every file into a staging directory beside out_dir, hash them into the card, then move them in."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export-", dir=out_dir.parent))
     try:
-        for file, proto in protos.items():
-            (staging / file).write_bytes(_stamp(proto, card))
-        if twin is not None:
-            with _quiet_torch():
-                torch.jit.save(twin, str(staging / TORCHSCRIPT), _extra_files={CARD_FILE: json.dumps(card)})
-        for file, program in (programs or {}).items():
-            with _quiet_torch():
+        for file, proto in artifacts.protos.items():
+            (staging / file).write_bytes(stamp(proto, card))
+        if artifacts.twin is not None:
+            with quiet_torch():
+                torch.jit.save(artifacts.twin, str(staging / TORCHSCRIPT), _extra_files={CARD_FILE: json.dumps(card)})
+        for file, program in artifacts.programs.items():
+            with quiet_torch():
                 torch.export.save(program, str(staging / file), extra_files={CARD_FILE: json.dumps(card)})
-        files = {
-            f: {"sha256": sha256_file(staging / f), "bytes": (staging / f).stat().st_size}
-            for f in ARTIFACTS
-            if (staging / f).exists()
-        }
+        files = file_entries(staging, list(ARTIFACTS))
         card = {**card, "files": files}
-        (staging / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+        write_card(staging, card)
         _install(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

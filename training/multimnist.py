@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from model.capsnet import CapsNet, capsule_length
-from model.config import CapsNetConfig
 from model.losses import margin_loss_multi, reconstruction_loss
-from training.architectures import RECONSTRUCTION_WEIGHT
-from training.checkpoint import check_resumable, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from training.architectures import RECONSTRUCTION_WEIGHT, get_architecture
+from training.checkpoint import CheckpointMismatch
+from training.config import TrainConfig
 from training.data import MNISTSplit
 from training.generators import MULTIMNIST_CANVAS, MultiDigits, multimnist
-from training.train import within_budget
+from training.loop import Autocast, Step, Trainer
+from training.train import model_config_for
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,6 @@ class MultiMNISTConfig:
     test_subset: int | None = None
     test_pairs_per_digit: int = 1  # composites per test digit (the paper used 1,000)
     eval_batch_size: int = 500
-
-
-def build_multimnist_capsnet(preset: str) -> CapsNet:
-    if preset == "paper":
-        return CapsNet(CapsNetConfig(image_size=MULTIMNIST_CANVAS))
-    if preset == "tiny":
-        return CapsNet(CapsNetConfig.tiny(image_size=MULTIMNIST_CANVAS))
-    raise ValueError(f"unknown preset {preset!r} (choose paper or tiny)")
 
 
 def _float(images: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -138,12 +131,52 @@ def reconstruction_examples(
     }
 
 
-def _resume_state(checkpoint: Path | None, cfg: MultiMNISTConfig) -> dict[str, Any] | None:
-    if checkpoint is None or not checkpoint.is_file():
-        return None
-    state = load_checkpoint(checkpoint)
-    check_resumable(checkpoint, state.get("config", {}), asdict(cfg), len(state["history"]), cfg.epochs)
-    return state
+class MultiMNISTTask:
+    """Composites drawn afresh every epoch (one per training digit, seed + epoch) in an order kept across resumes;
+    the two-label loss; the two-digit error on composites drawn once (seed 10_000 + cfg.seed)."""
+
+    def __init__(self, cfg: MultiMNISTConfig, train: MNISTSplit, test: MNISTSplit, device: torch.device) -> None:
+        self.cfg, self.device = cfg, device
+        self.train = train.subset(cfg.train_subset)
+        test = test.subset(cfg.test_subset)
+        self.test_data = multimnist(test.images, test.labels, 10_000 + cfg.seed, cfg.test_pairs_per_digit)
+        self.data_hashes = {**train.sha256, **test.sha256}
+        self.order_rng = np.random.default_rng(cfg.seed)
+        self.data: MultiDigits | None = None
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        self.data = multimnist(self.train.images, self.train.labels, self.cfg.seed * 1_000 + epoch)
+        order = self.order_rng.permutation(len(self.data.labels))
+        return [order[first : first + self.cfg.batch_size] for first in range(0, len(order), self.cfg.batch_size)]
+
+    def step(self, model: nn.Module, batch: np.ndarray, progress: float, autocast: Autocast) -> Step:
+        if self.data is None:
+            raise RuntimeError("MultiMNISTTask.step before batches(): the epoch's composites are not drawn yet")
+        labels = torch.from_numpy(self.data.labels[batch]).to(self.device)
+        images, digits = _float(self.data.images[batch], self.device), _float(self.data.digits[batch], self.device)
+        loss, parts = multimnist_loss(cast(CapsNet, model), images, labels, digits)
+        return Step(loss, dict(parts), len(batch))
+
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
+        result = evaluate_multimnist(cast(CapsNet, model), self.test_data, self.device, self.cfg.eval_batch_size)
+        return {"test_error": result.error, "test_n": result.n}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"order_rng": self.order_rng.bit_generator.state, "test_pairs_per_digit": self.cfg.test_pairs_per_digit}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("test_pairs_per_digit") != self.cfg.test_pairs_per_digit:
+            raise CheckpointMismatch("the checkpoint was trained with other settings (test_pairs_per_digit)")
+        self.order_rng.bit_generator.state = state["order_rng"]
+
+
+def train_config(cfg: MultiMNISTConfig, device: torch.device) -> TrainConfig:
+    """The loop's settings: the MNIST CapsNet on the 36x36 canvas, no shifts (the composites are shifted already)."""
+    return TrainConfig(
+        arch="dynamic", preset=cfg.preset, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+        lr_decay=cfg.lr_decay, max_shift=0, canvas=MULTIMNIST_CANVAS, seed=cfg.seed, device=str(device),
+        train_subset=cfg.train_subset, test_subset=cfg.test_subset, eval_batch_size=cfg.eval_batch_size,
+    )  # fmt: skip
 
 
 def train_multimnist(
@@ -151,71 +184,23 @@ def train_multimnist(
     train: MNISTSplit,
     test: MNISTSplit,
     device: torch.device,
-    checkpoint: Path | None = None,
+    out_dir: Path | None = None,
     deadline: float | None = None,
 ) -> tuple[CapsNet, list[dict[str, Any]], MultiDigits]:
-    """Train a CapsNet on MultiMNIST composites drawn afresh every epoch (one per training digit, seed + epoch).
+    """Train a CapsNet on MultiMNIST with the one training loop; the error after every epoch is on the test composites.
 
-    The test composites are drawn once (seed 10_000 + cfg.seed); the error after every epoch is on them.
-    With `checkpoint`, the state is written there after every epoch and a run continues from it exactly;
-    no epoch is started that would end past `deadline` (time.monotonic(), judged by the last epoch), so
-    the history may be shorter than cfg.epochs. Returns the model, the per-epoch history and the test
-    composites.
+    With `out_dir`, checkpoints and metrics are written there after every epoch and a run continues from its
+    last.pt exactly (refusing one of other settings); no epoch is started that would end past `deadline`
+    (time.monotonic(), judged by the last epoch), so the history may be shorter than cfg.epochs. Returns
+    the model, the per-epoch history and the test composites.
     """
-    train, test = train.subset(cfg.train_subset), test.subset(cfg.test_subset)
+    loop_cfg = train_config(cfg, device)
     torch.manual_seed(cfg.seed)
-    model = build_multimnist_capsnet(cfg.preset).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_decay)
-    test_data = multimnist(test.images, test.labels, 10_000 + cfg.seed, cfg.test_pairs_per_digit)
-    order_rng = np.random.default_rng(cfg.seed)
-    history: list[dict[str, Any]] = []
-    state = _resume_state(checkpoint, cfg)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        history = list(state["history"])
-        restore_rng_states(state)
-        order_rng.bit_generator.state = state["order_rng"]
-        log.info("multimnist: continuing from %s at epoch %d", checkpoint, len(history))
-    last_seconds: float | None = None  # the first epoch of a call always runs: a resumed run always progresses
-    for epoch in range(len(history), cfg.epochs):
-        if not within_budget(deadline, last_seconds):
-            log.info("multimnist: time budget spent after epoch %d of %d", epoch, cfg.epochs)
-            break
-        start = time.perf_counter()
-        data = multimnist(train.images, train.labels, cfg.seed * 1_000 + epoch)
-        order = order_rng.permutation(len(data.labels))
-        model.train()
-        sums = {"train_loss": 0.0, "margin_loss": 0.0, "reconstruction_loss": 0.0}
-        for first in range(0, len(order), cfg.batch_size):
-            idx = order[first : first + cfg.batch_size]
-            labels = torch.from_numpy(data.labels[idx]).to(device)
-            loss, parts = multimnist_loss(
-                model, _float(data.images[idx], device), labels, _float(data.digits[idx], device)
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            for key, value in {"train_loss": float(loss.detach()), **parts}.items():
-                sums[key] += value * len(idx)
-        scheduler.step()
-        result = evaluate_multimnist(model, test_data, device, cfg.eval_batch_size)
-        row = {
-            "epoch": epoch + 1,
-            **{k: round(v / max(len(order), 1), 6) for k, v in sums.items()},
-            "test_error": result.error,
-            "test_n": result.n,
-            "seconds": round(time.perf_counter() - start, 2),
-        }
-        log.info("multimnist epoch %d: %s", epoch + 1, row)
-        history.append(row)
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, {
-                "config": asdict(cfg), "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "history": history, **rng_states(),
-                "order_rng": order_rng.bit_generator.state,
-            })  # fmt: skip
-        last_seconds = time.perf_counter() - start
-    return model, history, test_data
+    model_config = model_config_for(loop_cfg)
+    model = get_architecture("dynamic").build(model_config).to(device)
+    task = MultiMNISTTask(cfg, train, test, device)
+    last = out_dir / "last.pt" if out_dir is not None else None
+    resume = str(last) if last is not None and last.is_file() else None
+    trainer = Trainer(loop_cfg, task, model, model_config, out_dir, resume, strict_resume=True)
+    history = trainer.fit(deadline)
+    return cast(CapsNet, model), history, task.test_data

@@ -20,11 +20,8 @@ import json
 import logging
 import os
 import shlex
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,12 +39,18 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from service.core.config import default_intra_op_threads
-from service.runtime.sessions import create_session
+from service.runtime.model_dir import (
+    DECODER_FILE,
+    GRAPH_FILE,
+    ModelDirError,
+    create_session,
+    load_model_dir,
+)
 from training.data import MNISTSplit, load_split, to_float
-from training.evaluate import EvalResult, confusion_matrix
-from training.export import CAPSNET_ONNX, DECODER_ONNX, _check_request, _git_state, _write, control_flow_nodes
-from training.onnx_eval import ModelDirError, check_model_dir, make_session
+from training.export import _Artifacts, _check_request, _write
+from training.export_card import git_state
+from training.export_graphs import control_flow_nodes
+from training.results import EvalResult, confusion_matrix
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,11 @@ EVAL_BATCH = 500
 INTEGER_OPS = frozenset({"ConvInteger", "MatMulInteger", "QGemm"})  # QOperator ops besides QLinear*
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 VERIFY_BATCHES = (1, 3, 64)  # 3: a batch size no calibration or evaluation batch has
-BENCH_BATCHES = (1, 32)
+
+
+def _verified_card(path: Path) -> dict[str, Any]:
+    """The card of a model directory whose files match their checksums (ModelDirError naming the problem)."""
+    return load_model_dir(path).raw_card
 
 
 class QuantizeError(ModelDirError):
@@ -173,21 +180,21 @@ def _check_graph(proto: onnx.ModelProto, parent: dict[str, Any]) -> None:
     try:
         onnx.checker.check_model(proto, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise QuantizeError(f"{CAPSNET_ONNX}: onnx.checker rejects the quantized graph: {e}") from e
+        raise QuantizeError(f"{GRAPH_FILE}: onnx.checker rejects the quantized graph: {e}") from e
     loops = control_flow_nodes(proto)
     if loops:
-        raise QuantizeError(f"{CAPSNET_ONNX}: the quantized graph has control flow: {', '.join(loops)}")
+        raise QuantizeError(f"{GRAPH_FILE}: the quantized graph has control flow: {', '.join(loops)}")
     inputs, outputs = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
     want_in, want_out = [parent["input"]["name"]], [o["name"] for o in parent["outputs"]]
     if inputs != want_in or outputs != want_out:
         raise QuantizeError(
-            f"{CAPSNET_ONNX}: inputs {inputs} and outputs {outputs}, the parent has {want_in} and {want_out}"
+            f"{GRAPH_FILE}: inputs {inputs} and outputs {outputs}, the parent has {want_in} and {want_out}"
         )
     for value in [*proto.graph.input, *proto.graph.output]:
         if not value.type.tensor_type.shape.dim[0].dim_param:
-            raise QuantizeError(f"{CAPSNET_ONNX}: {value.name} lost its dynamic batch axis")
+            raise QuantizeError(f"{GRAPH_FILE}: {value.name} lost its dynamic batch axis")
     if not any(n.op_type in ("QuantizeLinear", "QLinearConv", "ConvInteger") for n in proto.graph.node):
-        raise QuantizeError(f"{CAPSNET_ONNX}: no op was quantized (none of the requested op types is in the graph?)")
+        raise QuantizeError(f"{GRAPH_FILE}: no op was quantized (none of the requested op types is in the graph?)")
 
 
 def _run_all(session: ort.InferenceSession, input_name: str, names: list[str], split: MNISTSplit) -> list[np.ndarray]:
@@ -262,7 +269,7 @@ def _verify(
     agree = want[scores_at].argmax(axis=1) == got[scores_at].argmax(axis=1)
     maxes, means = _diffs(want, got, names)
     parity: dict[str, Any] = {
-        "reference": f"the parent's {CAPSNET_ONNX} (float32) on the MNIST test set",
+        "reference": f"the parent's {GRAPH_FILE} (float32) on the MNIST test set",
         "n": len(test),
         "class_agreement": round(float(agree.mean()), 6),
         "disagreements": int((~agree).sum()),
@@ -277,7 +284,7 @@ def _verify(
         for name, out, ref in zip(names, outs, want, strict=True):
             if out.shape != (b, *ref.shape[1:]):
                 raise QuantizeError(
-                    f"{CAPSNET_ONNX}: {name} has shape {list(out.shape)} at batch {b}, expected {[b, *ref.shape[1:]]}"
+                    f"{GRAPH_FILE}: {name} has shape {list(out.shape)} at batch {b}, expected {[b, *ref.shape[1:]]}"
                 )
         batch_max, _ = _diffs([np.resize(w, (b, *w.shape[1:])) for w in want], outs, names)
         parity[f"batch_{b}"] = batch_max
@@ -326,13 +333,13 @@ def _card(
         "parent": {
             "name": parent["name"],
             "version": parent["version"],
-            "capsnet_onnx_sha256": parent["files"][CAPSNET_ONNX]["sha256"],
+            "capsnet_onnx_sha256": parent["files"][GRAPH_FILE]["sha256"],
             "path": str(parent_dir),
         },
         "export": {
             "onnx_opset": opset,
             "tools": {"onnx": onnx.__version__, "onnxruntime": ort.__version__, "python": sys.version.split()[0]},
-            **_git_state(),
+            **git_state(),
             "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "parity": parity,
         },
@@ -370,7 +377,7 @@ def quantize_model_dir(
     opts, bounds = options or QuantizeOptions(), bounds or ParityBounds()
     parent_dir, out = Path(parent_dir), Path(out_dir)
     name = name or out.resolve().name
-    parent = check_model_dir(parent_dir)
+    parent = _verified_card(parent_dir)
     _check_request(name, parent["export"]["onnx_opset"], out.resolve())
     if out.resolve() == parent_dir.resolve():
         raise QuantizeError(f"--out {out} is the parent model directory; write the int8 model beside it")
@@ -378,12 +385,10 @@ def quantize_model_dir(
     indices = calibration_indices(len(train), opts.calibration_images, opts.seed)
     input_name = parent["input"]["name"]
     with tempfile.TemporaryDirectory(prefix="capsnet-quantize-") as work:
-        proto = _quantize_graph(
-            parent_dir / CAPSNET_ONNX, Path(work), input_name, to_float(train.images[indices]), opts
-        )
+        proto = _quantize_graph(parent_dir / GRAPH_FILE, Path(work), input_name, to_float(train.images[indices]), opts)
     _check_graph(proto, parent)
-    session = make_session(proto.SerializeToString())
-    parent_session = make_session(parent_dir / CAPSNET_ONNX)
+    session = create_session(proto.SerializeToString(), "cpu")
+    parent_session = create_session(parent_dir / GRAPH_FILE, "cpu")
     metrics, parent_metrics, parity = _verify(session, parent_session, parent, test, bounds)
     log.info(
         "test error: int8 %.4f (%d errors), parent %.4f (%d errors); agreement %.4f",
@@ -392,63 +397,10 @@ def quantize_model_dir(
     )  # fmt: skip
     calibration = _calibration_record(indices, len(train), opts.seed)
     card = _card(parent, parent_dir, name, proto, opts, calibration, metrics, parent_metrics, parity, command)
-    protos = {CAPSNET_ONNX: proto}
+    protos = {GRAPH_FILE: proto}
     if parent.get("decoder"):
-        protos[DECODER_ONNX] = onnx.load(str(parent_dir / parent["decoder"]["file"]))
-    return _write(out, card, protos, None)
-
-
-def _throughput(session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> float:
-    """Images/s of back-to-back runs of `feed` for at least `seconds` (and at least 3 runs)."""
-    batch = len(next(iter(feed.values())))
-    session.run(None, feed)
-    runs, start = 0, time.perf_counter()
-    while runs < 3 or time.perf_counter() - start < seconds:
-        session.run(None, feed)
-        runs += 1
-    return batch * runs / (time.perf_counter() - start)
-
-
-def benchmark(
-    baseline_dir: str | os.PathLike[str],
-    candidate_dir: str | os.PathLike[str],
-    *,
-    rounds: int = 5,
-    seconds: float = 2.0,
-    threads: int | None = None,
-    batches: Sequence[int] = BENCH_BATCHES,
-) -> dict[str, Any]:
-    """Raw ONNX Runtime images/s of two model directories at each batch size, alternated in rounds; ratios per round.
-
-    Sessions use the service's settings (`service.runtime.sessions.create_session` on CPU, intra-op
-    threads from the CPU quota unless `threads` is given). Random images: the speed of these graphs
-    does not depend on the pixels.
-    """
-    threads = threads or default_intra_op_threads()
-    models = {}
-    for path in (Path(baseline_dir), Path(candidate_dir)):
-        card = check_model_dir(path)
-        models[card["name"]] = (create_session(path / CAPSNET_ONNX, "cpu", threads), card)
-    if len(models) != 2:
-        raise QuantizeError(f"both model directories hold a model named {next(iter(models))!r}: nothing to compare")
-    (base, (base_session, base_card)), (cand, (cand_session, _)) = models.items()
-    rng = np.random.default_rng(0)
-    shape = base_card["input"]["shape"][1:]
-    results: dict[str, Any] = {"threads": threads, "rounds": rounds, "seconds_per_measurement": seconds, "batches": {}}
-    for b in batches:
-        feed = {base_card["input"]["name"]: rng.random((b, *shape), dtype=np.float32)}
-        rates: dict[str, list[float]] = {base: [], cand: []}
-        for _ in range(rounds):
-            rates[base].append(_throughput(base_session, feed, seconds))
-            rates[cand].append(_throughput(cand_session, feed, seconds))
-        ratios = [c / f for f, c in zip(rates[base], rates[cand], strict=True)]
-        results["batches"][str(b)] = {
-            f"{base}_images_per_second": round(statistics.median(rates[base]), 1),
-            f"{cand}_images_per_second": round(statistics.median(rates[cand]), 1),
-            "ratio_median": round(statistics.median(ratios), 3),
-            "ratio_per_round": [round(r, 3) for r in ratios],
-        }
-    return results
+        protos[DECODER_FILE] = onnx.load(str(parent_dir / parent["decoder"]["file"]))
+    return _write(out, card, _Artifacts(parity=parity, protos=protos))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -515,22 +467,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_bench_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="capsnet-quantize bench",
-        description="Raw ONNX Runtime throughput of two model directories at batch 1 and 32, alternated in rounds "
-        "so drift on a shared machine hits both; prints JSON with the ratio SECOND / FIRST.",
-    )
-    p.add_argument("baseline", metavar="FIRST", help="model directory, e.g. model/zoo/capsnet-mnist")
-    p.add_argument("candidate", metavar="SECOND", help="model directory, e.g. model/zoo/capsnet-mnist-int8")
-    p.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size (default: 5)")
-    p.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement (default: 2.0)")
-    p.add_argument(
-        "--threads", type=int, default=None, help="intra-op threads (default: the CPU quota, as the service)"
-    )
-    return p
-
-
 def _summary(card: dict[str, Any], out: Path, dry_run: bool) -> dict[str, Any]:
     parity = card["export"]["parity"]
     return {
@@ -549,27 +485,13 @@ def _summary(card: dict[str, Any], out: Path, dry_run: bool) -> dict[str, Any]:
     }
 
 
-def _main_bench(argv: list[str]) -> int:
-    args = build_bench_parser().parse_args(argv)
-    if args.rounds < 1 or args.seconds <= 0:
-        print("capsnet-quantize bench: error: --rounds must be >= 1 and --seconds > 0", file=sys.stderr)
-        return 2
-    try:
-        result = benchmark(
-            args.baseline, args.candidate, rounds=args.rounds, seconds=args.seconds, threads=args.threads
-        )
-    except ValueError as e:
-        print(f"capsnet-quantize bench: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    print(json.dumps(result))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if argv[:1] == ["bench"]:
-        return _main_bench(argv[1:])
+        from training.quantize_bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     out = Path(args.out)
     name = out.resolve().name

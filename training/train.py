@@ -1,15 +1,14 @@
-"""The training loop: seeded, resumable, optionally distributed (torchrun / DDP)."""
+"""capsnet-train: MNIST classification (dynamic, EM, baseline) as a Task for the one loop in training/loop.py."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,47 +16,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
-from tqdm import tqdm
 
-from training.architectures import ARCHITECTURES, get_architecture
-from training.checkpoint import (
-    check_resumable,
-    load_checkpoint,
-    restore_rng_states,
-    rng_states,
-    save_checkpoint,
-    training_command,
-)
+from training.architectures import ARCHITECTURES, Architecture, get_architecture
+from training.config import TrainConfig
 from training.data import IDXError, MNISTSplit, load_split
-from training.evaluate import evaluate_torch, resolve_device
+from training.device import DEVICE_CHOICES, resolve_device
+from training.evaluate import evaluate_torch
 from training.generators import pad_split
+from training.loop import EXIT_UNFINISHED, Autocast, DistInfo, Step, Trainer, init_distributed
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    arch: str = "dynamic"
-    preset: str = "paper"
-    routing: str | None = None  # None: the architecture's default
-    routing_iterations: int | None = None
-    epochs: int = 30
-    batch_size: int = 128
-    lr: float = 1e-3
-    lr_decay: float = 0.96  # exponential decay per epoch
-    max_shift: int = 2  # the paper's only augmentation: shifts of up to 2 px
-    canvas: int = 28  # digits centred on canvas x canvas; 40 with max_shift 6 is shifted MNIST on 40x40 (§5.2)
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = False  # bfloat16 autocast of the convolutions: CUDA, or a CPU with native bfloat16
-    val_split: int = 0  # hold out this many training images (seeded) for validation; 0: train on all
-    train_subset: int | None = None
-    test_subset: int | None = None
-    eval_batch_size: int = 500
-    dry_run: bool = False
-    model_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
@@ -76,31 +45,6 @@ def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generato
     batch_idx = torch.arange(b, device=dev).view(b, 1, 1, 1)
     chan_idx = torch.arange(c, device=dev).view(1, c, 1, 1)
     return padded[batch_idx, chan_idx, rows, cols]
-
-
-@dataclass
-class DistInfo:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed(device_name: str) -> DistInfo:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
-    use_cuda = device_name != "cpu" and torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(info.local_rank)
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return info
 
 
 def model_config_for(cfg: TrainConfig) -> dict[str, Any]:
@@ -129,283 +73,6 @@ def epoch_batches(n: int, cfg: TrainConfig, epoch: int, info: DistInfo) -> list[
     return list(torch.split(idx, cfg.batch_size))
 
 
-def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    epochs = [h["epoch"] for h in history]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(epochs, [h["train_loss"] for h in history], marker="o", label="train")
-    ax1.plot(epochs, [h["test_loss"] for h in history], marker="o", label="test")
-    ax1.set(xlabel="epoch", ylabel="loss", title="loss")
-    ax1.legend()
-    ax2.plot(epochs, [100 * h["test_error"] for h in history], marker="o", label="test error")
-    ax2.plot(epochs, [100 * (1 - h["train_accuracy"]) for h in history], marker="o", label="train error")
-    ax2.set(xlabel="epoch", ylabel="error (%)", title="error", yscale="log")
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# Settings that may change between the calls of one resumable run (they do not change the experiment).
-RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run"})
-EXIT_UNFINISHED = 3  # --max-minutes stopped the run before --epochs; resume it
-
-
-def within_budget(deadline: float | None, last_epoch_seconds: float | None) -> bool:
-    """Whether another epoch fits before `deadline` (time.monotonic()), judged by the last one's duration."""
-    if deadline is None or last_epoch_seconds is None:
-        return True
-    return time.monotonic() + last_epoch_seconds <= deadline
-
-
-def bf16_supported(device: torch.device) -> bool:
-    """Whether bfloat16 autocast is fast here: any CUDA device, or a CPU with AVX512-BF16 or AMX (oneDNN)."""
-    if device.type == "cuda":
-        return True
-    if device.type == "cpu":
-        # Native bfloat16 only: AVX512 without the BF16 extension passes oneDNN's check but emulates it, slower.
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return False
-
-
-def use_amp(requested: bool, device: torch.device) -> bool:
-    """`--amp` where it helps; on a CPU without native bfloat16 it would be slower, so warn and stay float32."""
-    if requested and not bf16_supported(device):
-        log.warning("--amp ignored: this %s has no native bfloat16 support; training in float32", device.type)
-        return False
-    return requested
-
-
-class Trainer:
-    """Owns the model, optimizer and data for one run; `fit` trains to `cfg.epochs`."""
-
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        data_dir: str | None,
-        out_dir: str | os.PathLike[str] | None,
-        resume: str | None = None,
-        strict_resume: bool = False,
-    ) -> None:
-        """`strict_resume`: continue `resume` only if it was trained with these settings (bar RESUMABLE_CHANGES)."""
-        self.cfg = cfg
-        self.out = Path(out_dir) if out_dir is not None else None
-        self.info = init_distributed(cfg.device)
-        self.device = resolve_device(cfg.device)
-        if self.device.type == "cuda" and self.info.world_size > 1:
-            self.device = torch.device("cuda", self.info.local_rank)
-        self.arch = get_architecture(cfg.arch)
-        self.amp = use_amp(cfg.amp, self.device)
-        train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
-        self.data_hashes = {**train.sha256, **test.sha256}  # of the files read, for the model card
-        train, val = hold_out(train, cfg.val_split, cfg.seed)
-        self.train_split: MNISTSplit = pad_split(train.subset(cfg.train_subset), cfg.canvas)
-        self.val_data: MNISTSplit | None = pad_split(val, cfg.canvas) if val is not None else None
-        self.test_split: MNISTSplit = pad_split(test.subset(cfg.test_subset), cfg.canvas)
-        torch.manual_seed(cfg.seed)
-        self.model_config = model_config_for(cfg)
-        self.model: nn.Module = self.arch.build(self.model_config).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
-        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=cfg.lr_decay)
-        self.epoch = 0
-        self.best_test_error = math.inf
-        self.best_val_error = math.inf
-        self.history: list[dict[str, Any]] = []
-        self.command = training_command(sys.argv)
-        if resume:
-            self._restore(resume, strict_resume)
-        self.train_images = torch.from_numpy(self.train_split.images)
-        self.train_labels = torch.from_numpy(self.train_split.labels)
-        self.ddp: nn.Module = (
-            DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-            if self.info.world_size > 1
-            else self.model
-        )
-
-    def _restore(self, path: str, strict: bool) -> None:
-        state = load_checkpoint(path)
-        if state["arch"] != self.cfg.arch or state["model_config"] != self.model_config:
-            raise ValueError(f"checkpoint {path} was trained with a different architecture or model config")
-        if strict:
-            wanted = asdict(self.cfg)
-            check_resumable(
-                path, state["train_config"], wanted, int(state["epoch"]), self.cfg.epochs, RESUMABLE_CHANGES
-            )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.epoch = int(state["epoch"])
-        self.best_test_error = float(state["best_test_error"])
-        self.best_val_error = float(state.get("best_val_error", math.inf))
-        self.history = list(state["history"])
-        restore_rng_states(state)
-        log.info("resumed from %s at epoch %d", path, self.epoch)
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "arch": self.cfg.arch,
-            "model_config": self.model_config,
-            "train_config": asdict(self.cfg),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "epoch": self.epoch,
-            "best_test_error": self.best_test_error,
-            "best_val_error": self.best_val_error,
-            "history": self.history,
-            **rng_states(),
-            "command": self.command,
-            "data_hashes": self.data_hashes,
-        }
-
-    def _autocast(self) -> Any:
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
-
-    def train_epoch(self) -> dict[str, float]:
-        cfg, epoch = self.cfg, self.epoch
-        gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch * 101 + self.info.rank)
-        batches = epoch_batches(len(self.train_split), cfg, epoch, self.info)
-        if cfg.dry_run:
-            batches = batches[:1]
-        self.ddp.train()
-        sums: dict[str, float] = {}
-        correct = seen = 0
-        total_steps = max(cfg.epochs * len(batches), 1)
-        bar = tqdm(
-            batches,
-            desc=f"epoch {epoch + 1}/{cfg.epochs}",
-            disable=not self.info.is_main,
-            mininterval=2.0,
-            file=sys.stderr,
-        )
-        for step, idx in enumerate(bar):
-            images = random_shift(to_float_t(self.train_images[idx]), cfg.max_shift, gen).to(self.device)
-            labels = self.train_labels[idx].to(self.device)
-            with self._autocast():
-                out = self.arch.forward(self.ddp, images, labels)
-            progress = (epoch * len(batches) + step) / total_steps
-            loss = self.arch.loss(out, images, labels, progress)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.total.backward()
-            self.optimizer.step()
-            n = len(idx)
-            seen += n
-            correct += int((self.arch.scores(out).argmax(dim=1) == labels).sum())
-            for key, value in {"train_loss": loss.total, **loss.parts}.items():
-                sums[key] = sums.get(key, 0.0) + float(value.detach()) * n
-            bar.set_postfix(loss=f"{sums['train_loss'] / seen:.4f}", acc=f"{correct / seen:.4f}")
-        self.scheduler.step()
-        sums, correct, seen = self._all_ranks(sums, correct, seen)
-        return {
-            **{k: v / max(seen, 1) for k, v in sums.items()},
-            "train_accuracy": correct / max(seen, 1),
-            "train_images": seen,
-        }
-
-    def _all_ranks(self, sums: dict[str, float], correct: int, seen: int) -> tuple[dict[str, float], int, int]:
-        """Sum the epoch's statistics over all processes (identity without DDP)."""
-        if self.info.world_size == 1:
-            return sums, correct, seen
-        keys = sorted(sums)
-        t = torch.tensor([sums[k] for k in keys] + [correct, seen], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        values = t.tolist()
-        return dict(zip(keys, values[: len(keys)], strict=True)), int(values[-2]), int(values[-1])
-
-    @property
-    def finished(self) -> bool:
-        return self.epoch >= self.cfg.epochs
-
-    def _all_agree(self, flag: bool) -> bool:
-        """True only if every process says so (DDP ranks must stop at the same epoch or they hang)."""
-        if self.info.world_size == 1:
-            return flag
-        t = torch.tensor([1 if flag else 0], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return bool(t.item())
-
-    def fit(self, deadline: float | None = None) -> list[dict[str, Any]]:
-        """Train to `cfg.epochs`, or until `deadline` (a time.monotonic() value) would be overrun.
-
-        No epoch is started that would end past the deadline, judged by the last epoch's duration; the
-        first epoch of a call always runs. Every epoch ends with last.pt written, so a stopped run
-        continues with `resume=<out>/last.pt` (`finished` says whether it reached `cfg.epochs`).
-        """
-        last_seconds: float | None = None
-        while self.epoch < self.cfg.epochs:
-            if not self._all_agree(within_budget(deadline, last_seconds)):
-                log.info("time budget: stopping after epoch %d of %d", self.epoch, self.cfg.epochs)
-                break
-            lr = self.optimizer.param_groups[0]["lr"]
-            start = time.perf_counter()
-            stats = self.train_epoch()
-            seconds = time.perf_counter() - start
-            max_batches = 1 if self.cfg.dry_run else None
-            result = evaluate_torch(
-                self.model, self.arch, self.test_split, self.device, self.cfg.eval_batch_size, max_batches
-            )
-            val = self._validate(max_batches)
-            self.epoch += 1
-            row = {
-                "epoch": self.epoch,
-                **{k: round(v, 6) for k, v in stats.items() if k != "train_images"},
-                "test_loss": round(result.loss, 6),
-                "test_error": result.test_error,
-                "test_n": result.n,
-                **val,
-                "lr": lr,
-                "seconds": round(seconds, 2),
-                "images_per_second": round(stats["train_images"] / seconds, 1),
-                "precision": "bfloat16-mixed" if self.amp else "float32",
-            }
-            last_seconds = time.perf_counter() - start
-            log.info("epoch %d: %s", self.epoch, json.dumps(row))
-            if self.cfg.dry_run:
-                self.history.append(row)
-                break
-            self._end_epoch(row)
-        return self.history
-
-    def _validate(self, max_batches: int | None) -> dict[str, Any]:
-        """Loss and error on the held-out training images (`--val-split`); empty without a validation set."""
-        if self.val_data is None:
-            return {}
-        result = evaluate_torch(
-            self.model, self.arch, self.val_data, self.device, self.cfg.eval_batch_size, max_batches
-        )
-        return {"val_loss": round(result.loss, 6), "val_error": result.test_error, "val_n": result.n}
-
-    def save_last(self) -> None:
-        """Write <out>/last.pt (main process only; nothing without an output directory)."""
-        if self.info.is_main and self.out is not None:
-            save_checkpoint(self.out / "last.pt", self._state())
-
-    def _end_epoch(self, row: dict[str, Any]) -> None:
-        self.history.append(row)
-        if not self.info.is_main or self.out is None:
-            return
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
-        draw_curve(self.history, self.out / "training_curve.png")
-        is_best = row["test_error"] < self.best_test_error
-        if is_best:
-            self.best_test_error = row["test_error"]
-        is_best_val = "val_error" in row and row["val_error"] < self.best_val_error
-        if is_best_val:
-            self.best_val_error = row["val_error"]
-        state = self._state()
-        save_checkpoint(self.out / "last.pt", state)
-        if is_best:
-            save_checkpoint(self.out / "best.pt", state)
-        if is_best_val:
-            save_checkpoint(self.out / "best_val.pt", state)
-
-
 def hold_out(split: MNISTSplit, n: int, seed: int) -> tuple[MNISTSplit, MNISTSplit | None]:
     """Split off `n` images chosen by a permutation seeded with `seed` for validation: (train, validation)."""
     if n <= 0:
@@ -422,6 +89,93 @@ def hold_out(split: MNISTSplit, n: int, seed: int) -> tuple[MNISTSplit, MNISTSpl
 
 def to_float_t(images: torch.Tensor) -> torch.Tensor:
     return images.to(torch.float32) / 255.0
+
+
+@dataclass
+class ClassificationData:
+    """The splits a classification run trains and is judged on, padded to the run's canvas."""
+
+    train: MNISTSplit
+    test: MNISTSplit
+    val: MNISTSplit | None
+    hashes: dict[str, str]  # sha256 of the files read, for checkpoints and the model card
+
+    @classmethod
+    def load(cls, cfg: TrainConfig, data_dir: str | None) -> ClassificationData:
+        """MNIST from `data_dir`: `cfg.val_split` training images held out, subsets taken, centred on the canvas."""
+        train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
+        hashes = {**train.sha256, **test.sha256}
+        train, val = hold_out(train, cfg.val_split, cfg.seed)
+        return cls(
+            train=pad_split(train.subset(cfg.train_subset), cfg.canvas),
+            test=pad_split(test.subset(cfg.test_subset), cfg.canvas),
+            val=pad_split(val, cfg.canvas) if val is not None else None,
+            hashes=hashes,
+        )
+
+
+class ClassificationTask:
+    """Single-label digits: seeded shuffles and random shifts (§5), the architecture's loss, test and val error."""
+
+    def __init__(
+        self, cfg: TrainConfig, arch: Architecture, data: ClassificationData, device: torch.device, info: DistInfo
+    ) -> None:
+        self.cfg, self.arch, self.device, self.info = cfg, arch, device, info
+        self.train_split, self.test_split, self.val_data = data.train, data.test, data.val
+        self.data_hashes = data.hashes
+        self.train_images = torch.from_numpy(data.train.images)
+        self.train_labels = torch.from_numpy(data.train.labels)
+        self.shifts = torch.Generator()
+
+    def batches(self, epoch: int) -> list[torch.Tensor]:
+        self.shifts.manual_seed(self.cfg.seed * 100_003 + epoch * 101 + self.info.rank)
+        return epoch_batches(len(self.train_split), self.cfg, epoch, self.info)
+
+    def step(self, model: nn.Module, batch: torch.Tensor, progress: float, autocast: Autocast) -> Step:
+        images = random_shift(to_float_t(self.train_images[batch]), self.cfg.max_shift, self.shifts).to(self.device)
+        labels = self.train_labels[batch].to(self.device)
+        with autocast():
+            out = self.arch.forward(model, images, labels)
+        loss = self.arch.loss(out, images, labels, progress)
+        correct = int((self.arch.scores(out).argmax(dim=1) == labels).sum())
+        return Step(loss.total, {k: v.detach() for k, v in loss.parts.items()}, len(batch), correct)
+
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
+        """Loss and error on the test set, and on the held-out training images where there are some."""
+        row: dict[str, Any] = {}
+        for prefix, split in (("test", self.test_split), ("val", self.val_data)):
+            if split is not None:
+                result = evaluate_torch(model, self.arch, split, self.device, self.cfg.eval_batch_size, max_batches)
+                row |= {f"{prefix}_loss": round(result.loss, 6), f"{prefix}_error": result.test_error}
+                row[f"{prefix}_n"] = result.n
+        return row
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing: the shuffles and shifts are seeded by the epoch."""
+
+
+def mnist_trainer(
+    cfg: TrainConfig,
+    data_dir: str | None,
+    out_dir: str | os.PathLike[str] | None,
+    resume: str | None = None,
+    strict_resume: bool = False,
+) -> Trainer[ClassificationTask]:
+    """The Trainer of a capsnet-train run: MNIST from `data_dir`, the model `cfg` describes, seeded by `cfg.seed`."""
+    info = init_distributed(cfg.device)
+    device = resolve_device(cfg.device)
+    if device.type == "cuda" and info.world_size > 1:
+        device = torch.device("cuda", info.local_rank)
+    arch = get_architecture(cfg.arch)
+    data = ClassificationData.load(cfg, data_dir)
+    torch.manual_seed(cfg.seed)
+    model_config = model_config_for(cfg)
+    model = arch.build(model_config).to(device)
+    task = ClassificationTask(cfg, arch, data, device, info)
+    return Trainer(cfg, task, model, model_config, out_dir, resume, strict_resume, info)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -464,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="centre the 28x28 digits on a canvas this size; 40 with --max-shift 6 places them anywhere on "
         "40x40, the affine experiment's training protocol (default: 28, no padding)",
     )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
+    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device (default: auto)")
     p.add_argument(
         "--amp",
         action="store_true",
@@ -513,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     try:
         deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes
-        trainer = Trainer(cfg, args.data_dir, None if args.dry_run else args.out, args.resume)
+        trainer = mnist_trainer(cfg, args.data_dir, None if args.dry_run else args.out, args.resume)
         history = trainer.fit(deadline)
     except (IDXError, FileNotFoundError, ValueError) as e:
         print(f"capsnet-train: error: {e}", file=sys.stderr)

@@ -15,9 +15,8 @@ import onnxruntime as ort
 from service.core.errors import ModelCapabilityError, ModelNotReady
 from service.core.metrics import Metrics
 from service.runtime.batcher import BatchingPolicy, DynamicBatcher, RunFn, Tensors
-from service.runtime.card import GRAPH_FILE, ModelCard
+from service.runtime.model_dir import GRAPH_FILE, ModelCard, active_provider, create_session
 from service.runtime.repository import ModelDirectory
-from service.runtime.sessions import active_provider, create_session
 
 logger = logging.getLogger(__name__)
 

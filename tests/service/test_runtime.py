@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.main import create_app
-from service.runtime import sessions
+from service.runtime import model_dir
 from service.runtime.card import CardError, parse_card
 from service.runtime.repository import scan_repository
 from tests.service.conftest import TINY, digit_image, png_bytes, service_settings
@@ -118,19 +118,19 @@ def test_empty_repository_is_not_ready(make_client: Any, tmp_path: Path) -> None
 
 
 def test_provider_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert sessions.requested_providers("cpu") == [sessions.CPU]
-    monkeypatch.setattr(sessions, "gpu_visible", lambda: False)
-    assert sessions.requested_providers("auto") == [sessions.CPU]
-    monkeypatch.setattr(sessions, "gpu_visible", lambda: True)
-    monkeypatch.setattr(sessions.ort, "get_available_providers", lambda: [sessions.CUDA, sessions.CPU])
-    assert sessions.requested_providers("auto") == [sessions.CUDA, sessions.CPU]
-    monkeypatch.setattr(sessions.ort, "get_available_providers", lambda: [sessions.CPU])
-    assert sessions.requested_providers("auto") == [sessions.CPU]
-    with pytest.raises(sessions.ProviderUnavailable, match="CAPSNET_PROVIDER=cuda but this onnxruntime build"):
-        sessions.requested_providers("cuda")
+    assert model_dir.requested_providers("cpu") == [model_dir.CPU]
+    monkeypatch.setattr(model_dir, "gpu_visible", lambda: False)
+    assert model_dir.requested_providers("auto") == [model_dir.CPU]
+    monkeypatch.setattr(model_dir, "gpu_visible", lambda: True)
+    monkeypatch.setattr(model_dir.ort, "get_available_providers", lambda: [model_dir.CUDA, model_dir.CPU])
+    assert model_dir.requested_providers("auto") == [model_dir.CUDA, model_dir.CPU]
+    monkeypatch.setattr(model_dir.ort, "get_available_providers", lambda: [model_dir.CPU])
+    assert model_dir.requested_providers("auto") == [model_dir.CPU]
+    with pytest.raises(model_dir.ProviderUnavailable, match="CAPSNET_PROVIDER=cuda but this onnxruntime build"):
+        model_dir.requested_providers("cuda")
 
 
-@pytest.mark.skipif(sessions.gpu_visible(), reason="this machine has a GPU: forcing CUDA would work")
+@pytest.mark.skipif(model_dir.gpu_visible(), reason="this machine has a GPU: forcing CUDA would work")
 def test_forced_cuda_without_a_gpu_fails_the_model_clearly(make_client: Any, model_repository: Path) -> None:
     client = make_client(model_repository, provider="cuda")
     models = client.get("/v1/models").json()["models"]

@@ -19,14 +19,14 @@ import torch
 from model.capsnet import CapsNet, count_parameters
 from model.config import CapsNetConfig
 from tests.conftest import write_mnist_dir
-from training import evaluate, export
+from training import evaluate, export, export_graphs
 from training.architectures import ARCHITECTURES
 from training.checkpoint import load_model
 from training.data import file_hashes, load_split, to_float
 from training.evaluate import evaluate_torch
 from training.export import ExportError, export_checkpoint, export_module, verify_model_dir
 from training.onnx_eval import evaluate_model_dir
-from training.train import TrainConfig, Trainer
+from training.train import TrainConfig, mnist_trainer
 
 CARD_FIELDS = {
     "format_version", "name", "version", "description", "architecture", "model_config", "routing", "parameters",
@@ -78,7 +78,7 @@ def checkpoint(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """best.pt of one tiny training epoch on synthetic data, exactly as capsnet-train writes it."""
     out = tmp_path_factory.mktemp("run")
     cfg = TrainConfig(preset="tiny", epochs=1, batch_size=16, eval_batch_size=32, device="cpu", seed=1)
-    Trainer(cfg, str(mnist_dir), out).fit()
+    mnist_trainer(cfg, str(mnist_dir), out).fit()
     return out / "best.pt"
 
 
@@ -161,7 +161,7 @@ def test_control_flow_walk_finds_a_loop_inside_a_subgraph() -> None:
     outer = onnx.helper.make_graph(
         [onnx.helper.make_node("If", ["c"], [], then_branch=inner, else_branch=inner)], "g", [], []
     )
-    found = export.control_flow_nodes(onnx.helper.make_model(outer))
+    found = export_graphs.control_flow_nodes(onnx.helper.make_model(outer))
     assert sorted(f.split()[0] for f in found) == ["If", "Loop", "Loop"]
 
 
@@ -255,19 +255,19 @@ def test_a_corrupted_file_is_refused_with_a_clear_message(
     data = bytearray((copy / "decoder.onnx").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (copy / "decoder.onnx").write_bytes(bytes(data))
-    with pytest.raises(ExportError, match=r"decoder\.onnx: sha256 mismatch .* altered after export"):
+    with pytest.raises(ExportError, match=r"tiny-capsnet: decoder\.onnx sha256 mismatch: .* altered after export"):
         verify_model_dir(copy)
     (copy / "decoder.onnx").unlink()
-    with pytest.raises(ExportError, match=r"decoder\.onnx: listed in the card but missing"):
+    with pytest.raises(ExportError, match=r"decoder\.onnx is listed in the card but missing"):
         verify_model_dir(copy)
-    with pytest.raises(ExportError, match=r"model\.json: card not found"):
+    with pytest.raises(ExportError, match=r"model\.json not found in"):
         verify_model_dir(tmp_path)
 
 
 def test_a_parity_failure_raises_and_writes_nothing(
     tiny: CapsNet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(export, "TOLERANCES", {"scores": -1.0, "poses": 1e-4, "reconstruction": 1e-3})
+    monkeypatch.setattr(export_graphs, "TOLERANCES", {"scores": -1.0, "poses": 1e-4, "reconstruction": 1e-3})
     (tmp_path / "zoo").mkdir()
     out = tmp_path / "zoo" / "broken"
     with pytest.raises(

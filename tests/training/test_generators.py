@@ -18,7 +18,7 @@ from training.generators import (
     place_at,
     shifted_on_canvas,
 )
-from training.train import TrainConfig, Trainer
+from training.train import TrainConfig, mnist_trainer
 
 
 def strokes(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -186,9 +186,9 @@ def test_trainer_trains_on_the_40x40_shifted_protocol(synthetic_mnist: Path) -> 
         arch="baseline", preset="tiny", canvas=40, max_shift=6, batch_size=16, eval_batch_size=32, device="cpu",
         dry_run=True,
     )  # fmt: skip
-    trainer = Trainer(cfg, str(synthetic_mnist), None)
-    assert trainer.train_split.images.shape[1:] == (1, 40, 40)
-    assert trainer.test_split.images.shape[1:] == (1, 40, 40)
+    trainer = mnist_trainer(cfg, str(synthetic_mnist), None)
+    assert trainer.task.train_split.images.shape[1:] == (1, 40, 40)
+    assert trainer.task.test_split.images.shape[1:] == (1, 40, 40)
     assert trainer.model_config["image_size"] == 40
     history = trainer.fit()
     assert len(history) == 1 and 0.0 <= history[0]["test_error"] <= 1.0

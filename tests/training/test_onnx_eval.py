@@ -19,17 +19,18 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from service.runtime.model_dir import ModelDirError, load_model_dir
 from tests.conftest import REPO_ROOT
 from training import evaluate
 from training.data import load_split
-from training.onnx_eval import ModelDirError, check_model_dir, evaluate_model_dir
+from training.onnx_eval import evaluate_model_dir
 
 EVAL_KEYS = {"test_error", "test_accuracy", "n", "errors", "per_class_error", "confusion_matrix"}
 
 
 def bar_classifier() -> onnx.ModelProto:
     """image (N, 1, 28, 28) -> activations (N, 10) = brightness of rows 4+2k..5+2k (the synthetic digits' bar),
-    and decoy (N, 10) = -activations."""
+    decoy (N, 10) = -activations, and poses (N, 10, 1) = the activations as one-dimensional poses."""
     weight = np.zeros((28, 28, 10), dtype=np.float32)
     for k in range(10):
         weight[4 + 2 * k : 6 + 2 * k, 6:22, k] = 1.0
@@ -37,13 +38,20 @@ def bar_classifier() -> onnx.ModelProto:
         helper.make_node("Flatten", ["image"], ["flat"], axis=1),
         helper.make_node("MatMul", ["flat", "weight"], ["activations"]),
         helper.make_node("Neg", ["activations"], ["decoy"]),
+        helper.make_node("Reshape", ["activations", "pose_shape"], ["poses"]),
     ]
     graph = helper.make_graph(
         nodes,
         "bar-classifier",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, 28, 28])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 10]) for n in ("activations", "decoy")],
-        [numpy_helper.from_array(weight.reshape(784, 10), "weight")],
+        [
+            *(helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 10]) for n in ("activations", "decoy")),
+            helper.make_tensor_value_info("poses", TensorProto.FLOAT, ["N", 10, 1]),
+        ],
+        [
+            numpy_helper.from_array(weight.reshape(784, 10), "weight"),
+            numpy_helper.from_array(np.array([-1, 10, 1], dtype=np.int64), "pose_shape"),
+        ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
@@ -55,9 +63,16 @@ def write_model_dir(root: Path, scores_output: str = "activations") -> Path:
     card: dict[str, Any] = {
         "format_version": 1,
         "name": root.name,
+        "architecture": "em",
         "input": {"name": "image", "shape": [-1, 1, 28, 28], "datatype": "FP32"},
         "classes": [str(k) for k in range(10)],
+        "outputs": [
+            {"name": "activations", "shape": [-1, 10], "role": "scores"},
+            {"name": "decoy", "shape": [-1, 10], "role": "scores"},
+            {"name": "poses", "shape": [-1, 10, 1], "role": "poses"},
+        ],
         "scores": {"output": scores_output, "kind": "activation"},
+        "pose_shape": [1],
         "decoder": None,
         "files": {"capsnet.onnx": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}},
     }
@@ -88,26 +103,29 @@ def test_a_corrupted_model_is_refused(model_dir: Path, synthetic_mnist: Path) ->
     data = bytearray((model_dir / "capsnet.onnx").read_bytes())
     data[-1] ^= 0x01
     (model_dir / "capsnet.onnx").write_bytes(bytes(data))
-    with pytest.raises(ModelDirError, match=r"capsnet\.onnx: sha256 mismatch .* re-export it with capsnet-export"):
+    with pytest.raises(ModelDirError, match=r"capsnet\.onnx sha256 mismatch: .* re-export it with capsnet-export"):
         evaluate_model_dir(model_dir, load_split(synthetic_mnist, "test"))
     (model_dir / "capsnet.onnx").write_bytes(bytes(data[:-1]))
-    with pytest.raises(ModelDirError, match=r"capsnet\.onnx: \d+ bytes, the card says \d+: the file was altered"):
+    with pytest.raises(ModelDirError, match=r"capsnet\.onnx has \d+ bytes, the card says \d+: the file was altered"):
         evaluate_model_dir(model_dir, load_split(synthetic_mnist, "test"))
 
 
 @pytest.mark.parametrize(
     ("card", "message"),
     [
-        ("{not json", r"model\.json: cannot be read as JSON"),
-        (json.dumps({"format_version": 2}), r"model\.json: card format_version 2, expected 1"),
-        (json.dumps({"format_version": 1, "name": "bars", "files": {}}), r"card lists no entry for capsnet\.onnx"),
-        (json.dumps({"format_version": 1, "name": "other"}), r"card name 'other' differs from its directory name"),
+        ("{not json", r"cannot read model\.json: Expecting property name"),
+        ("[1]", r"cannot read model\.json: a JSON object was expected, found list"),
+        ({"format_version": 2}, r"format_version 2 is not supported"),
+        ({"files": {}}, r"capsnet\.onnx is not listed in the card's files, so its checksum cannot be verified"),
+        ({"name": "other"}, r"card name 'other' differs from its directory name 'bars'"),
     ],
 )
-def test_a_malformed_card_is_refused(model_dir: Path, card: str, message: str) -> None:
+def test_a_malformed_card_is_refused(model_dir: Path, card: str | dict[str, Any], message: str) -> None:
+    if isinstance(card, dict):
+        card = json.dumps({**json.loads((model_dir / "model.json").read_text()), **card})
     (model_dir / "model.json").write_text(card)
     with pytest.raises(ModelDirError, match=message):
-        check_model_dir(model_dir)
+        load_model_dir(model_dir)
 
 
 def test_capsnet_evaluate_model_prints_the_json_and_exits_2_on_a_broken_directory(
@@ -117,7 +135,7 @@ def test_capsnet_evaluate_model_prints_the_json_and_exits_2_on_a_broken_director
     result = json.loads(capsys.readouterr().out)
     assert result["model"] == "bars" and result["n"] == 10 and result["test_error"] == 0.0
     assert evaluate.main(["--model", str(tmp_path), "--data-dir", str(synthetic_mnist)]) == 2
-    assert "model.json: card not found" in capsys.readouterr().err
+    assert f"model.json not found in {tmp_path}" in capsys.readouterr().err
 
 
 def test_onnx_evaluation_never_imports_torch(model_dir: Path, synthetic_mnist: Path) -> None:

@@ -17,13 +17,13 @@ from fastapi.testclient import TestClient
 from model.capsnet import CapsNet
 from model.config import CapsNetConfig
 from service.main import create_app
+from service.runtime.model_dir import load_model_dir, sha256_file
 from service.runtime.repository import read_model_directory
 from tests.conftest import write_mnist_dir
 from tests.service.conftest import service_settings, wait_ready
 from training import quantize
 from training.data import load_split
 from training.export import export_module
-from training.onnx_eval import check_model_dir, sha256_file
 from training.quantize import ParityBounds, QuantizeError, QuantizeOptions, calibration_indices, quantize_model_dir
 
 CALIBRATION = 8
@@ -96,7 +96,7 @@ def test_card_records_quantization_parent_and_both_test_errors(zoo: Path, card: 
 
 
 def test_files_hash_and_graphs_are_int8_with_float_decoder(zoo: Path, card: dict[str, Any]) -> None:
-    assert check_model_dir(zoo / "tiny-int8") == card
+    assert load_model_dir(zoo / "tiny-int8").raw_card == card
     graph = onnx.load(str(zoo / "tiny-int8" / "capsnet.onnx"))
     ops = {n.op_type for n in graph.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops and not ops & {"Loop", "If", "Scan"}
@@ -186,7 +186,7 @@ def test_cli_writes_a_dry_run_summary(
         ),
         (
             "not-a-model",
-            "capsnet-quantize: error: {tmp}/empty/model.json: card not found (is {tmp}/empty a model directory?)\n",
+            "capsnet-quantize: error: model.json not found in {tmp}/empty (is it a model directory?)\n",
         ),
     ],
 )
@@ -223,7 +223,7 @@ def test_bench_rejects_a_directory_without_a_card(
     zoo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert quantize.main(["bench", str(zoo / "tiny"), str(tmp_path)]) == 2
-    assert capsys.readouterr().err.startswith(f"capsnet-quantize bench: error: {tmp_path}/model.json: card not found")
+    assert capsys.readouterr().err.startswith(f"capsnet-quantize bench: error: model.json not found in {tmp_path}")
 
 
 BUNDLED = Path(__file__).resolve().parents[2] / "model" / "zoo"

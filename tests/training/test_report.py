@@ -15,11 +15,11 @@ import torch
 from model.capsnet import CapsNet
 from model.config import CapsNetConfig
 from model.losses import margin_loss, margin_loss_multi
-from training import multimnist as multimnist_module
-from training import report, train
+from service.runtime.model_dir import create_session
+from training import loop
 from training.checkpoint import save_checkpoint
 from training.data import load_split
-from training.evaluate import resolve_device
+from training.device import resolve_device
 from training.generators import multimnist
 from training.multimnist import (
     evaluate_multimnist,
@@ -29,7 +29,9 @@ from training.multimnist import (
     reconstruction_examples,
     top2,
 )
-from training.report import Context, Sizes
+from training.report import affine, baseline, build, common, models, perturbation, service_load, speed
+from training.report import multimnist as multimnist_section
+from training.report.common import Context, Sizes
 
 # --- MultiMNIST helpers ------------------------------------------------------------------------------
 
@@ -95,7 +97,7 @@ def test_perturbation_grid_moves_one_dimension_of_one_class() -> None:
         return flat.reshape(len(batch), 1, 2, 2)
 
     values = np.array([-0.1, 0.0, 0.2])
-    grid = report.perturbation_grid(poses, 2, decode, values)
+    grid = perturbation.perturbation_grid(poses, 2, decode, values)
     assert grid.shape == (d, 3, 2, 2)
     assert np.all(seen["mask"][:, 2] == 1) and seen["mask"].sum() == d * 3
     for dim in range(d):
@@ -109,7 +111,7 @@ def test_perturbation_grid_moves_one_dimension_of_one_class() -> None:
 def test_pick_examples_prefers_correct_ones() -> None:
     labels = np.array([0, 1, 0, 1, 2])
     scores = np.eye(3)[[1, 1, 0, 0, 1]]  # predictions 1, 1, 0, 0, 1
-    picks, correct = report.pick_examples(scores, labels, 4)
+    picks, correct = perturbation.pick_examples(scores, labels, 4)
     assert picks == [2, 1, 4, -1] and correct == [True, True, False, False]
 
 
@@ -117,23 +119,23 @@ def test_match_accuracy_compares_at_the_highest_accuracy_both_reach() -> None:
     def rows(accs: list[float]) -> list[dict[str, Any]]:
         return [{"epoch": i + 1, "mnist_accuracy": a, "affine_accuracy": a / 2} for i, a in enumerate(accs)]
 
-    matched = report.match_accuracy({"dynamic": rows([0.9, 0.97, 0.99]), "baseline": rows([0.95, 0.98, 0.96])})
+    matched = affine.match_accuracy({"dynamic": rows([0.9, 0.97, 0.99]), "baseline": rows([0.95, 0.98, 0.96])})
     assert matched["target_mnist_accuracy"] == 0.98
     assert matched["picks"]["dynamic"]["epoch"] == 3 and matched["picks"]["baseline"]["epoch"] == 2
 
 
 def test_time_calls_and_matmul_graph() -> None:
     calls = []
-    t = report.time_calls(lambda: calls.append(1), batch=4, seconds=0.0, min_reps=5, warmup=2)
+    t = speed.time_calls(lambda: calls.append(1), batch=4, seconds=0.0, min_reps=5, warmup=2)
     assert t.reps == 5 and len(calls) == 7 and t.p50_ms <= t.p99_ms and t.images_per_s > 0
-    session = report.ort_session(report.matmul_onnx(8))
+    session = create_session(speed.matmul_onnx(8))
     a, b = np.random.rand(8, 8).astype(np.float32), np.random.rand(8, 8).astype(np.float32)
     assert np.allclose(session.run(None, {"a": a, "b": b})[0], a @ b, atol=1e-5)
 
 
 def test_montage_tiles_rows_and_columns() -> None:
     images = np.arange(2 * 3 * 2 * 2).reshape(2, 3, 2, 2)
-    out = report.montage(images, gap=1)
+    out = common.montage(images, gap=1)
     assert out.shape == (6, 9)
     assert np.array_equal(out[3:5, 6:8], images[1, 2]) and out[2, 0] == 128
 
@@ -142,10 +144,10 @@ def test_model_from_checkpoint_classifies_and_decodes(tmp_path: Path) -> None:
     cfg = CapsNetConfig.tiny()
     net = CapsNet(cfg)
     save_checkpoint(tmp_path / "c.pt", {"arch": "dynamic", "model_config": cfg.to_dict(), "model": net.state_dict()})
-    m = report.model_from_checkpoint(tmp_path / "c.pt")
+    m = models.model_from_checkpoint(tmp_path / "c.pt")
     scores, poses = m.classify(np.random.rand(2, 1, 28, 28).astype(np.float32))
     assert scores.shape == (2, 10) and poses.shape == (2, 10, cfg.digit_dim) and m.decode is not None
-    grid = report.perturbation_grid(poses[0], 3, m.decode, report.PERTURBATIONS)
+    grid = perturbation.perturbation_grid(poses[0], 3, m.decode, perturbation.PERTURBATIONS)
     assert grid.shape == (cfg.digit_dim, 11, 28, 28)
 
 
@@ -161,16 +163,16 @@ def context(tmp_path: Path, data_dir: Path | None = None, tiny: bool = True) -> 
 
 def test_saved_results_round_trip_and_refuse_the_other_mode(tmp_path: Path) -> None:
     ctx = context(tmp_path)
-    saved = report.save_result(ctx, "speed", {"x": 1}, {"grid": np.ones((2, 2), dtype=np.uint8)})
-    loaded = report.load_result(ctx, "speed")
+    saved = common.save_result(ctx, "speed", {"x": 1}, {"grid": np.ones((2, 2), dtype=np.uint8)})
+    loaded = common.load_result(ctx, "speed")
     assert loaded is not None and loaded.result == {"x": 1} and loaded.produced_at == saved.produced_at
     assert loaded.command == "test" and np.array_equal(loaded.arrays["grid"], np.ones((2, 2)))
-    assert report.load_result(context(tmp_path, tiny=False), "speed") is None  # a tiny result is never reused for real
+    assert common.load_result(context(tmp_path, tiny=False), "speed") is None  # a tiny result is never reused for real
 
 
 def test_unmeasured_sections_say_so_and_invent_nothing(tmp_path: Path) -> None:
     ctx = context(tmp_path)
-    path = report.build_report(ctx, selected={"baseline"}, reuse=False)  # no data directory
+    path = build.build_report(ctx, selected={"baseline"}, reuse=False)  # no data directory
     text = path.read_text()
     assert text.count("**Not yet measured.**") == 7  # six sections and the service
     assert "no MNIST data directory" in text
@@ -199,7 +201,7 @@ def test_report_runs_end_to_end_on_tiny_inputs(synthetic_mnist: Path, tmp_path: 
     torch.manual_seed(0)
     export_module(CapsNet(cfg), "dynamic", cfg.to_dict(), zoo / "tiny", name="tiny", torchscript=False)
     argv = ["--tiny", "--data-dir", str(synthetic_mnist), "--out", str(out), "--zoo", str(zoo), "--device", "cpu"]
-    assert report.main(argv) == 0
+    assert build.main(argv) == 0
     text = (out / "REPORT.md").read_text()
     assert "TINY MODE" in text and "Not yet measured" in text  # only the service section
     assert text.count("**Not yet measured.**") == 1
@@ -220,25 +222,25 @@ def test_report_runs_end_to_end_on_tiny_inputs(synthetic_mnist: Path, tmp_path: 
 
     capsys.readouterr()
     stamps = {p.name: json.loads(p.read_text())["produced_at"] for p in (out / "report").glob("*.json")}
-    assert report.main([*argv, "--dry-run", "--reuse"]) == 0
+    assert build.main([*argv, "--dry-run", "--reuse"]) == 0
     assert set(json.loads(capsys.readouterr().out)["sections"].values()) == {"reuse"}
     (out / "REPORT.md").unlink()
-    assert report.main([*argv, "--reuse"]) == 0  # renders again from the saved results, runs nothing
+    assert build.main([*argv, "--reuse"]) == 0  # renders again from the saved results, runs nothing
     assert stamps == {p.name: json.loads(p.read_text())["produced_at"] for p in (out / "report").glob("*.json")}
     assert (out / "REPORT.md").read_text().count("**Not yet measured.**") == 1
 
 
 def test_service_section_renders_the_load_benchmarks_json(tmp_path: Path) -> None:
     ctx = context(tmp_path)
-    assert "**Not yet measured.**" in report.render_service(ctx)
+    assert "**Not yet measured.**" in service_load.render_service(ctx)
     ctx.results.mkdir(parents=True)
     rows = {
         "model": "m",
         "raw": [{"batch": 1, "throughput": 1234.5, "p50_ms": 0.8}],
         "http": [{"concurrency": 1, "throughput": 456.25, "p99_ms": 3.0}, {"concurrency": 64, "throughput": 900.0}],
     }
-    (ctx.results / report.SERVICE_LOAD_FILE).write_text(json.dumps(rows))
-    text = report.render_service(ctx)
+    (ctx.results / service_load.SERVICE_LOAD_FILE).write_text(json.dumps(rows))
+    text = service_load.render_service(ctx)
     assert "| concurrency | throughput | p99_ms |" in text and "| 64 | 900.00 |  |" in text
     assert "| 1 | 1,234.50 | 0.80 |" in text
     assert "Peak resident memory of the service under load: **not yet measured**" in text
@@ -249,23 +251,23 @@ def test_service_section_renders_the_load_benchmarks_json(tmp_path: Path) -> Non
         for c in (1, 8, 64)
     ]
     stamp = {"command": "python -m service.benchmark --concurrency 1,8,64", "produced_at": "2026-01-02T03:04:05+00:00"}
-    (ctx.results / report.SERVICE_LOAD_FILE).write_text(
+    (ctx.results / service_load.SERVICE_LOAD_FILE).write_text(
         json.dumps({**rows, **stamp, "http": http, "server_peak_rss_mib": 291.6})
     )
-    text = report.render_service(ctx)
+    text = service_load.render_service(ctx)
     assert "_Produced 2026-01-02T03:04:05+00:00 by `python -m service.benchmark --concurrency 1,8,64`" in text
     assert "service process under this load: 292 MiB" in text
     assert (ctx.figures / "service_load.png").stat().st_size > 1000 and "report/figures/service_load.png" in text
-    (ctx.results / report.SERVICE_LOAD_FILE).write_text("[1, 2]")
-    assert "is not the load benchmark's JSON object" in report.render_service(ctx)
+    (ctx.results / service_load.SERVICE_LOAD_FILE).write_text("[1, 2]")
+    assert "is not the load benchmark's JSON object" in service_load.render_service(ctx)
 
 
 # --- time budget: the training sections stop between epochs and continue from --runs -----------------------
 
 TRAINING_SECTIONS = {
-    "baseline": (report.run_baseline, ["baseline-mnist"]),
-    "affine": (report.run_affine, ["affine-dynamic", "affine-baseline"]),
-    "multimnist": (report.run_multimnist, ["multimnist"]),
+    "baseline": (baseline.run_baseline, ["baseline-mnist"]),
+    "affine": (affine.run_affine, ["affine-dynamic", "affine-baseline"]),
+    "multimnist": (multimnist_section.run_multimnist, ["multimnist"]),
 }
 
 
@@ -283,14 +285,14 @@ def test_training_sections_stop_at_the_budget_and_continue(
         return ctx
 
     uninterrupted, _ = runner(two_epoch_context(None))
-    for module in (report, train, multimnist_module):  # after an epoch, no time for another
+    for module in (common, loop):  # after an epoch, no time for another
         monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
     calls, result = 0, None
     while result is None and calls < 5:
         calls += 1
         try:
             result, _ = runner(two_epoch_context(tmp_path / "runs"))
-        except report.Unfinished as e:
+        except common.Unfinished as e:
             assert ("of 2 epochs" in str(e) or "not continued" in str(e)) and "Run the same command again" in str(e)
             assert (tmp_path / "runs" / names[0] / "last.pt").is_file()
     # One epoch per call and none of a second model after the first's: nothing was trained twice.
@@ -310,8 +312,8 @@ def test_training_sections_stop_at_the_budget_and_continue(
 def test_a_spent_budget_starts_no_training(synthetic_mnist: Path, tmp_path: Path) -> None:
     ctx = context(tmp_path, synthetic_mnist)
     ctx.runs, ctx.deadline = tmp_path / "runs", time.monotonic() - 1
-    with pytest.raises(report.Unfinished, match="baseline-mnist: not continued when the time budget ran out"):
-        report.run_baseline(ctx)
+    with pytest.raises(common.Unfinished, match="baseline-mnist: not continued when the time budget ran out"):
+        baseline.run_baseline(ctx)
     assert not (tmp_path / "runs").exists()
 
 
@@ -322,7 +324,7 @@ def test_resuming_refuses_a_checkpoint_of_other_settings(section: str, synthetic
     ctx.runs = tmp_path / "runs"
     runner(ctx)
     ctx.seed = 1
-    with pytest.raises(report.NotMeasured, match=r"other settings \(seed\); remove it"):
+    with pytest.raises(common.NotMeasured, match=r"other settings \(seed\); remove it"):
         runner(ctx)
 
 
@@ -331,16 +333,16 @@ def test_report_budget_exit_code_and_arguments(
 ) -> None:
     argv = ["--tiny", "--data-dir", str(synthetic_mnist), "--out", str(tmp_path / "docs"), "--device", "cpu"]
     with pytest.raises(SystemExit):
-        report.main([*argv, "--max-minutes", "5"])  # no --runs: progress would be lost
+        build.main([*argv, "--max-minutes", "5"])  # no --runs: progress would be lost
     assert "--max-minutes needs" in capsys.readouterr().err
     runs = ["--runs", str(tmp_path / "runs"), "--sections", "baseline"]
-    assert report.main([*argv, *runs, "--max-minutes", "0.00001"]) == report.EXIT_UNFINISHED
+    assert build.main([*argv, *runs, "--max-minutes", "0.00001"]) == build.EXIT_UNFINISHED
     assert "unfinished: baseline" in capsys.readouterr().err
     text = (tmp_path / "docs" / "REPORT.md").read_text()
     assert "In progress. baseline-mnist: not continued" in text
-    assert report.main([*argv, *runs]) == 0
+    assert build.main([*argv, *runs]) == 0
     assert "baseline CNN (this run)" in (tmp_path / "docs" / "REPORT.md").read_text()
-    assert report.main([*argv, *runs, "--max-minutes", "0.00001"]) == report.EXIT_UNFINISHED
+    assert build.main([*argv, *runs, "--max-minutes", "0.00001"]) == build.EXIT_UNFINISHED
     text = (tmp_path / "docs" / "REPORT.md").read_text()  # the earlier result stays, marked as being redone
     assert "baseline CNN (this run)" in text and "The figures above are from the earlier complete run." in text
 
@@ -348,7 +350,7 @@ def test_report_budget_exit_code_and_arguments(
 def test_resuming_refuses_a_checkpoint_with_more_epochs_than_asked(synthetic_mnist: Path, tmp_path: Path) -> None:
     ctx = context(tmp_path, synthetic_mnist)
     ctx.runs, ctx.sizes = tmp_path / "runs", replace(Sizes.tiny(), epochs=2)
-    report.run_baseline(ctx)
+    baseline.run_baseline(ctx)
     ctx.sizes = Sizes.tiny()
-    with pytest.raises(report.NotMeasured, match="has 2 epochs, more than the 1 asked for"):
-        report.run_baseline(ctx)
+    with pytest.raises(common.NotMeasured, match="has 2 epochs, more than the 1 asked for"):
+        baseline.run_baseline(ctx)

@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT
-from training import evaluate, train
-from training.train import TrainConfig, Trainer
+from training import device, evaluate, loop, train
+from training.train import TrainConfig, mnist_trainer
 
 TINY = dict(preset="tiny", batch_size=16, eval_batch_size=32, device="cpu", seed=1)
 
 
 def test_fit_writes_metrics_curve_and_checkpoints(synthetic_mnist: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    history = Trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), out).fit()  # type: ignore[arg-type]
+    history = mnist_trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), out).fit()  # type: ignore[arg-type]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2] and rows == history
     for key in (
@@ -45,9 +45,9 @@ def test_fit_writes_metrics_curve_and_checkpoints(synthetic_mnist: Path, tmp_pat
 
 
 def test_resume_reproduces_the_uninterrupted_run(synthetic_mnist: Path, tmp_path: Path) -> None:
-    full = Trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "full").fit()  # type: ignore[arg-type]
-    Trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "part").fit()  # type: ignore[arg-type]
-    resumed = Trainer(
+    full = mnist_trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "full").fit()  # type: ignore[arg-type]
+    mnist_trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "part").fit()  # type: ignore[arg-type]
+    resumed = mnist_trainer(
         TrainConfig(epochs=2, **TINY),  # type: ignore[arg-type]
         str(synthetic_mnist),
         tmp_path / "part",
@@ -60,10 +60,10 @@ def test_resume_reproduces_the_uninterrupted_run(synthetic_mnist: Path, tmp_path
 
 def test_time_budget_stops_between_epochs_and_the_resumed_run_matches(synthetic_mnist: Path, tmp_path: Path) -> None:
     """A deadline that the first epoch overruns stops the run there, with last.pt to continue from."""
-    full = Trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "full").fit()  # type: ignore[arg-type]
-    part = Trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "part")  # type: ignore[arg-type]
+    full = mnist_trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "full").fit()  # type: ignore[arg-type]
+    part = mnist_trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "part")  # type: ignore[arg-type]
     assert len(part.fit(deadline=time.monotonic())) == 1 and not part.finished
-    resumed = Trainer(
+    resumed = mnist_trainer(
         TrainConfig(epochs=2, **TINY),  # type: ignore[arg-type]
         str(synthetic_mnist),
         tmp_path / "part",
@@ -76,9 +76,9 @@ def test_time_budget_stops_between_epochs_and_the_resumed_run_matches(synthetic_
 
 def test_within_budget_judges_by_the_last_epoch() -> None:
     now = time.monotonic()
-    assert train.within_budget(None, 5.0) and train.within_budget(now - 1, None)  # no budget, or no epoch yet
-    assert train.within_budget(now + 100, 10.0)
-    assert not train.within_budget(now + 5, 10.0)
+    assert loop.within_budget(None, 5.0) and loop.within_budget(now - 1, None)  # no budget, or no epoch yet
+    assert loop.within_budget(now + 100, 10.0)
+    assert not loop.within_budget(now + 5, 10.0)
 
 
 def test_cli_time_budget_exits_3_and_says_how_to_continue(
@@ -101,10 +101,10 @@ def test_cli_rejects_a_non_positive_time_budget(tmp_path: Path, capsys: pytest.C
 
 
 def test_resume_refuses_a_different_model(synthetic_mnist: Path, tmp_path: Path) -> None:
-    Trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "a").fit()  # type: ignore[arg-type]
+    mnist_trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "a").fit()  # type: ignore[arg-type]
     cfg = TrainConfig(epochs=2, routing="normalized", **TINY)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="different architecture or model config"):
-        Trainer(cfg, str(synthetic_mnist), tmp_path / "a", resume=str(tmp_path / "a" / "last.pt"))
+        mnist_trainer(cfg, str(synthetic_mnist), tmp_path / "a", resume=str(tmp_path / "a" / "last.pt"))
 
 
 def test_cli_dry_run_on_synthetic_data_writes_nothing(
@@ -164,7 +164,7 @@ def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> Non
 def test_evaluate_cli_on_a_checkpoint(
     synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    Trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "r").fit()  # type: ignore[arg-type]
+    mnist_trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "r").fit()  # type: ignore[arg-type]
     code = evaluate.main(["--checkpoint", str(tmp_path / "r" / "last.pt"), "--data-dir", str(synthetic_mnist)])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
@@ -201,13 +201,13 @@ def test_amp_on_cpu_trains_with_bfloat16_convolutions(
     synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--amp` on a CPU with native bfloat16 (forced here, emulated elsewhere) trains and says so in metrics.jsonl."""
-    monkeypatch.setattr(train, "bf16_supported", lambda device: True)
-    trainer = Trainer(TrainConfig(epochs=1, amp=True, **TINY), str(synthetic_mnist), tmp_path / "amp")  # type: ignore[arg-type]
+    monkeypatch.setattr(device, "bf16_supported", lambda device: True)
+    trainer = mnist_trainer(TrainConfig(epochs=1, amp=True, **TINY), str(synthetic_mnist), tmp_path / "amp")  # type: ignore[arg-type]
     assert trainer.amp
     row = trainer.fit()[0]
     assert row["precision"] == "bfloat16-mixed"
     assert math.isfinite(row["train_loss"]) and math.isfinite(row["test_loss"])
-    plain = Trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "fp32")  # type: ignore[arg-type]
+    plain = mnist_trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "fp32")  # type: ignore[arg-type]
     assert plain.fit()[0]["precision"] == "float32"
     weights = [(a, b) for a, b in zip(trainer.model.parameters(), plain.model.parameters(), strict=True)]
     assert any(not torch.equal(a, b) for a, b in weights)  # the same seed and data: autocast made the difference
@@ -217,20 +217,20 @@ def test_amp_on_cpu_trains_with_bfloat16_convolutions(
 def test_amp_is_ignored_with_a_warning_without_native_bfloat16(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(train, "bf16_supported", lambda device: False)
+    monkeypatch.setattr(device, "bf16_supported", lambda device: False)
     with caplog.at_level("WARNING"):
-        assert train.use_amp(True, torch.device("cpu")) is False
+        assert device.use_amp(True, torch.device("cpu")) is False
     assert "--amp ignored" in caplog.text
-    assert train.use_amp(False, torch.device("cpu")) is False
+    assert device.use_amp(False, torch.device("cpu")) is False
 
 
 def test_val_split_holds_out_a_seeded_disjoint_set_and_saves_best_val(synthetic_mnist: Path, tmp_path: Path) -> None:
-    trainer = Trainer(TrainConfig(epochs=1, val_split=20, **TINY), str(synthetic_mnist), tmp_path / "run")  # type: ignore[arg-type]
-    assert trainer.val_data is not None and len(trainer.val_data) == 20
+    trainer = mnist_trainer(TrainConfig(epochs=1, val_split=20, **TINY), str(synthetic_mnist), tmp_path / "run")  # type: ignore[arg-type]
+    assert trainer.task.val_data is not None and len(trainer.task.val_data) == 20
     full = len(train.load_split(str(synthetic_mnist), "train"))
-    assert len(trainer.train_split) == full - 20
+    assert len(trainer.task.train_split) == full - 20
     _, held = train.hold_out(train.load_split(str(synthetic_mnist), "train"), 20, seed=1)
-    assert held is not None and (held.images == trainer.val_data.images).all()
+    assert held is not None and (held.images == trainer.task.val_data.images).all()
     rows = trainer.fit()
     assert rows[0]["val_n"] == 20 and 0.0 <= rows[0]["val_error"] <= 1.0 and "val_loss" in rows[0]
     assert (tmp_path / "run" / "best_val.pt").exists()

@@ -1,0 +1,100 @@
+"""The one training loop with a task from outside: a toy regression trains, checkpoints and resumes exactly."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from training.checkpoint import CheckpointMismatch, load_checkpoint, save_checkpoint
+from training.config import TrainConfig
+from training.loop import Autocast, Step, Trainer
+
+CFG = TrainConfig(arch="toy", epochs=3, batch_size=8, lr=0.05, seed=0, device="cpu")
+
+
+class ToyTask:
+    """y = x·w on random x, batches in an order drawn from an RNG that the checkpoint must carry."""
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(123)
+        self.x = torch.from_numpy(rng.normal(size=(40, 3)).astype(np.float32))
+        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5])
+        self.order = np.random.default_rng(seed)
+        self.data_hashes = {"toy": "0" * 64}
+        self.autocast_used = 0
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        order = self.order.permutation(len(self.x))
+        return [order[i : i + 8] for i in range(0, len(order), 8)]
+
+    def step(self, model: nn.Module, batch: np.ndarray, progress: float, autocast: Autocast) -> Step:
+        with autocast():
+            self.autocast_used += 1
+            prediction = model(self.x[batch]).squeeze(1)
+        loss = ((prediction - self.y[batch]) ** 2).mean()
+        return Step(loss, {"progress": progress}, len(batch))
+
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
+        with torch.no_grad():
+            mse = float(((model(self.x).squeeze(1) - self.y) ** 2).mean())
+        return {"test_error": mse, "test_n": len(self.x)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"order": self.order.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.order.bit_generator.state = state["order"]
+
+
+def toy_trainer(out: Path | None, epochs: int, resume: str | None = None) -> Trainer[ToyTask]:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    cfg = replace(CFG, epochs=epochs)
+    return Trainer(cfg, ToyTask(), model, {"in": 3, "out": 1}, out, resume, strict_resume=True)
+
+
+def test_a_task_from_outside_trains_and_its_rows_have_no_accuracy(tmp_path: Path) -> None:
+    trainer = toy_trainer(tmp_path / "run", epochs=3)
+    history = trainer.fit()
+    assert [row["epoch"] for row in history] == [1, 2, 3]
+    assert history[-1]["test_error"] < history[0]["test_error"]
+    assert "train_accuracy" not in history[0] and "test_loss" not in history[0]
+    assert history[0]["progress"] == pytest.approx(2 / 15, abs=1e-6)  # steps 0..4 of 15, averaged
+    assert trainer.task.autocast_used == 15
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert state["arch"] == "toy" and state["data_hashes"] == {"toy": "0" * 64}
+    assert state["task_state"]["order"] == trainer.task.order.bit_generator.state
+    assert (tmp_path / "run" / "training_curve.png").is_file()
+
+
+def test_a_task_resumes_exactly_with_its_own_state(tmp_path: Path) -> None:
+    whole = toy_trainer(tmp_path / "whole", epochs=3).fit()
+    toy_trainer(tmp_path / "part", epochs=1).fit()
+    resumed = toy_trainer(tmp_path / "part", epochs=3, resume=str(tmp_path / "part" / "last.pt")).fit()
+    timing = ("seconds", "images_per_second", "progress")  # progress: the first call was asked for 1 epoch, not 3
+    assert [{k: v for k, v in row.items() if k not in timing} for row in resumed] == [
+        {k: v for k, v in row.items() if k not in timing} for row in whole
+    ]
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path: Path) -> None:
+    toy_trainer(tmp_path / "run", epochs=1).fit()
+    model = nn.Linear(3, 1)
+    last = str(tmp_path / "run" / "last.pt")
+    with pytest.raises(ValueError, match=r"other settings \(lr\); remove it"):
+        Trainer(replace(CFG, lr=0.1), ToyTask(), model, {"in": 3, "out": 1}, None, last, strict_resume=True)
+    with pytest.raises(ValueError, match="different architecture or model config"):
+        Trainer(CFG, ToyTask(), model, {"in": 4, "out": 1}, None, last, strict_resume=True)
+
+
+def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:
+    """E.g. a MultiMNIST checkpoint written before MultiMNIST trained on this loop (keys config, order_rng)."""
+    save_checkpoint(tmp_path / "old.pt", {"config": {}, "model": {}, "history": [], "order_rng": {}})
+    with pytest.raises(CheckpointMismatch, match=r"old\.pt is not a checkpoint of this training loop \(no arch, "):
+        toy_trainer(None, epochs=1, resume=str(tmp_path / "old.pt"))

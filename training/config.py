@@ -1,0 +1,29 @@
+"""The settings of one training run, as the CLI exposes them and checkpoints record them (`train_config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    arch: str = "dynamic"
+    preset: str = "paper"
+    routing: str | None = None  # None: the architecture's default
+    routing_iterations: int | None = None
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 1e-3
+    lr_decay: float = 0.96  # exponential decay per epoch
+    max_shift: int = 2  # the paper's only augmentation: shifts of up to 2 px
+    canvas: int = 28  # digits centred on canvas x canvas; 40 with max_shift 6 is shifted MNIST on 40x40 (§5.2)
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = False  # bfloat16 autocast of the convolutions: CUDA, or a CPU with native bfloat16
+    val_split: int = 0  # hold out this many training images (seeded) for validation; 0: train on all
+    train_subset: int | None = None
+    test_subset: int | None = None
+    eval_batch_size: int = 500
+    dry_run: bool = False
+    model_overrides: dict[str, Any] = field(default_factory=dict)

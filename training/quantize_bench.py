@@ -1,0 +1,105 @@
+"""`capsnet-quantize bench`: raw ONNX Runtime throughput of two model directories, alternated in rounds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from service.runtime.model_dir import GRAPH_FILE, create_session, default_intra_op_threads, load_model_dir
+
+BENCH_BATCHES = (1, 32)
+
+
+def _throughput(session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> float:
+    """Images/s of back-to-back runs of `feed` for at least `seconds` (and at least 3 runs)."""
+    batch = len(next(iter(feed.values())))
+    session.run(None, feed)
+    runs, start = 0, time.perf_counter()
+    while runs < 3 or time.perf_counter() - start < seconds:
+        session.run(None, feed)
+        runs += 1
+    return batch * runs / (time.perf_counter() - start)
+
+
+def benchmark(
+    baseline_dir: str | os.PathLike[str],
+    candidate_dir: str | os.PathLike[str],
+    *,
+    rounds: int = 5,
+    seconds: float = 2.0,
+    threads: int | None = None,
+    batches: Sequence[int] = BENCH_BATCHES,
+) -> dict[str, Any]:
+    """Raw ONNX Runtime images/s of two model directories at each batch size, alternated in rounds; ratios per round.
+
+    Sessions use the service's options (`service.runtime.model_dir.create_session` on CPU; intra-op threads
+    from $OMP_NUM_THREADS or ONNX Runtime's default unless `threads` is given). Random images: the speed of
+    these graphs does not depend on the pixels.
+    """
+    threads = threads or default_intra_op_threads()
+    models = {}
+    for path in (Path(baseline_dir), Path(candidate_dir)):
+        card = load_model_dir(path).raw_card
+        models[card["name"]] = (create_session(path / GRAPH_FILE, "cpu", threads), card)
+    if len(models) != 2:
+        raise ValueError(f"both model directories hold a model named {next(iter(models))!r}: nothing to compare")
+    (base, (base_session, base_card)), (cand, (cand_session, _)) = models.items()
+    rng = np.random.default_rng(0)
+    shape = base_card["input"]["shape"][1:]
+    results: dict[str, Any] = {"threads": threads, "rounds": rounds, "seconds_per_measurement": seconds, "batches": {}}
+    for b in batches:
+        feed = {base_card["input"]["name"]: rng.random((b, *shape), dtype=np.float32)}
+        rates: dict[str, list[float]] = {base: [], cand: []}
+        for _ in range(rounds):
+            rates[base].append(_throughput(base_session, feed, seconds))
+            rates[cand].append(_throughput(cand_session, feed, seconds))
+        ratios = [c / f for f, c in zip(rates[base], rates[cand], strict=True)]
+        results["batches"][str(b)] = {
+            f"{base}_images_per_second": round(statistics.median(rates[base]), 1),
+            f"{cand}_images_per_second": round(statistics.median(rates[cand]), 1),
+            "ratio_median": round(statistics.median(ratios), 3),
+            "ratio_per_round": [round(r, 3) for r in ratios],
+        }
+    return results
+
+
+def build_bench_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="capsnet-quantize bench",
+        description="Raw ONNX Runtime throughput of two model directories at batch 1 and 32, alternated in rounds "
+        "so drift on a shared machine hits both; prints JSON with the ratio SECOND / FIRST.",
+    )
+    p.add_argument("baseline", metavar="FIRST", help="model directory, e.g. model/zoo/capsnet-mnist")
+    p.add_argument("candidate", metavar="SECOND", help="model directory, e.g. model/zoo/capsnet-mnist-int8")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size (default: 5)")
+    p.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement (default: 2.0)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads (default: the CPU quota, as the service)"
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_bench_parser().parse_args(argv)
+    if args.rounds < 1 or args.seconds <= 0:
+        print("capsnet-quantize bench: error: --rounds must be >= 1 and --seconds > 0", file=sys.stderr)
+        return 2
+    try:
+        result = benchmark(
+            args.baseline, args.candidate, rounds=args.rounds, seconds=args.seconds, threads=args.threads
+        )
+    except ValueError as e:
+        print(f"capsnet-quantize bench: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0

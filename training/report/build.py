@@ -1,0 +1,191 @@
+"""Run (or reuse) every section and write REPORT.md; the command line of `python -m training.report`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import training.report
+from training.data import IDXError, resolve_data_dir
+from training.device import DEVICE_CHOICES, resolve_device
+from training.loop import EXIT_UNFINISHED
+from training.machine import cpu_busy_percent
+from training.report import affine, baseline, mnist_models, multimnist, perturbation, service_load, speed
+from training.report.common import (
+    REPO_ROOT,
+    Context,
+    NotMeasured,
+    Sizes,
+    Unfinished,
+    git_commit,
+    load_result,
+    now_utc,
+    save_result,
+)
+
+log = logging.getLogger(__name__)
+
+# --- the report -------------------------------------------------------------------------------------------
+
+REPORT_SECTIONS = tuple(
+    module.SECTION for module in (mnist_models, baseline, affine, multimnist, perturbation, speed)
+)  # in the order of REPORT.md
+BY_KEY = {section.key: section for section in REPORT_SECTIONS}
+SECTIONS = tuple(BY_KEY)
+
+
+def plan(ctx: Context, selected: set[str], reuse: bool) -> dict[str, str]:
+    """What happens to each section: "run", "reuse" (its saved result), or "missing"."""
+    actions = {}
+    for key in SECTIONS:
+        has_saved = load_result(ctx, key) is not None
+        if key in selected and not (reuse and has_saved):
+            actions[key] = "run"
+        else:
+            actions[key] = "reuse" if has_saved else "missing"
+    return actions
+
+
+def build_report(ctx: Context, selected: set[str], reuse: bool) -> Path:
+    """Run (or reuse) every section, draw the figures and write <out>/REPORT.md."""
+    ctx.figures.mkdir(parents=True, exist_ok=True)
+    parts = [
+        "# Evaluation and benchmark report",
+        "",
+        f"Generated {now_utc()} by `{ctx.command}` at commit {git_commit() or 'unknown'}. Each section names the "
+        "command and time that produced its numbers; “not yet measured” marks results that have not been "
+        "produced yet. Nothing here is estimated or copied in, apart from the papers' figures, which are labelled.",
+        "",
+    ]
+    if ctx.tiny:
+        parts += [
+            "> **TINY MODE**: tiny models on tiny synthetic inputs for one epoch. The numbers below test the "
+            "pipeline and mean nothing about the models.",
+            "",
+        ]
+    for key, action in plan(ctx, selected, reuse).items():
+        saved, reason = None, None
+        if action == "run":
+            log.info("running section %s", key)
+            busy = cpu_busy_percent()  # before the section's own threads start
+            try:
+                result, arrays = BY_KEY[key].run(ctx)
+                saved = save_result(ctx, key, result, arrays, busy=busy)
+            except (NotMeasured, IDXError) as e:
+                reason = str(e)
+            except Unfinished as e:
+                reason = f"In progress. {e}"
+                ctx.unfinished.append(key)
+                saved = load_result(ctx, key)  # an earlier complete result, if any, stays shown
+                if saved is not None:
+                    parts.append(BY_KEY[key].render(ctx, saved, None).rstrip())
+                    parts += ["", f"> **{reason}** The figures above are from the earlier complete run.", ""]
+                    continue
+        elif action == "reuse":
+            saved = load_result(ctx, key)
+        else:
+            reason = f"Run `python -m training.report --sections {key}` to produce it."
+        parts.append(BY_KEY[key].render(ctx, saved, reason))
+    parts.append(service_load.render_service(ctx))
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    path = ctx.out / "REPORT.md"
+    path.write_text("\n".join(parts).rstrip() + "\n")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m training.report", description=(training.report.__doc__ or "").splitlines()[0]
+    )
+    p.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
+    p.add_argument("--out", default="docs", help="where REPORT.md and report/ go (default: docs)")
+    p.add_argument(
+        "--zoo", default=str(REPO_ROOT / "model" / "zoo"), help="bundled model directories (default: model/zoo)"
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model directory or checkpoint for Figure 4, model directory for speed "
+        "(default: the zoo's first dynamic-routing model)",
+    )
+    p.add_argument("--tiny", action="store_true", help="tiny models, one epoch, tiny speed runs (default: off)")
+    p.add_argument("--reuse", action="store_true", help="reuse saved results instead of running again (default: off)")
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        default=["all"],
+        choices=[*SECTIONS, "all", "none"],
+        help="sections to run; the others are rendered from saved results (default: all)",
+    )
+    p.add_argument("--epochs", type=int, default=None, help="epochs of every trained model (default: 30; tiny: 1)")
+    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="training device (default: auto)")
+    p.add_argument(
+        "--amp",
+        action="store_true",
+        help="bfloat16 convolutions when training, on CUDA or a CPU with native bfloat16 (default: off)",
+    )
+    p.add_argument(
+        "--runs",
+        default=None,
+        help="keep checkpoints and metrics of trained models here, and continue from them (default: no)",
+    )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="time budget for the training sections (needs --runs): no epoch is started that would overrun "
+        "it; the command then exits 3 and the same command continues (default: none)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed of training and generated data (default: 0)")
+    p.add_argument("--dry-run", action="store_true", help="print what would run or be reused, write nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model and not Path(args.model).exists():
+        parser.error(f"--model {args.model}: no such model directory or checkpoint")
+    if args.max_minutes is not None and (args.runs is None or not args.max_minutes > 0):
+        parser.error("--max-minutes needs a positive number of minutes and --runs (where the progress is kept)")
+    deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    selected = set(SECTIONS) if "all" in args.sections else set(args.sections) - {"none"}
+    sizes = Sizes.tiny() if args.tiny else Sizes()
+    if args.epochs is not None:
+        sizes = replace(sizes, epochs=args.epochs)
+    try:
+        data_dir: str | None = str(resolve_data_dir(args.data_dir))
+    except IDXError:
+        data_dir = None
+    command = shlex.join(["python", "-m", "training.report", *(sys.argv[1:] if argv is None else argv)])
+    with tempfile.TemporaryDirectory(prefix="capsnet-report-") as scratch:
+        ctx = Context(
+            out=Path(args.out), data_dir=data_dir, zoo=Path(args.zoo), model=Path(args.model) if args.model else None,
+            sizes=sizes, tiny=args.tiny, device=resolve_device(args.device), seed=args.seed, command=command,
+            scratch=Path(scratch), runs=Path(args.runs) if args.runs else None, amp=args.amp, deadline=deadline,
+        )  # fmt: skip
+        if args.dry_run:
+            print(json.dumps({"data_dir": data_dir, "sections": plan(ctx, selected, args.reuse)}, indent=1))
+            return 0
+        path = build_report(ctx, selected, args.reuse)
+    print(path)
+    if ctx.unfinished:
+        print(
+            f"training.report: time budget spent; unfinished: {', '.join(ctx.unfinished)}. Run the same command "
+            "again to continue.",
+            file=sys.stderr,
+        )
+        return EXIT_UNFINISHED
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""Section 1: MNIST test error of the bundled models, evaluated with ONNX Runtime, against the paper."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from service.runtime.model_dir import read_card
+from training.report.common import (
+    Context,
+    NotMeasured,
+    Saved,
+    Section,
+    confusion_figure,
+    md_table,
+    not_measured,
+    pct,
+    provenance,
+    rel,
+    shown,
+)
+from training.report.models import (
+    zoo_models,
+)
+
+log = logging.getLogger(__name__)
+
+# Sabour, Frosst & Hinton 2017, Table 1 (mean ± std over 3 trials) and §5.2, §6.
+PAPER_MNIST = [
+    ("Baseline CNN", "—", "—", 0.39, ""),
+    ("CapsNet", "1 iteration", "no", 0.34, "±0.032"),
+    ("CapsNet", "1 iteration", "yes", 0.29, "±0.011"),
+    ("CapsNet", "3 iterations", "no", 0.35, "±0.036"),
+    ("CapsNet", "3 iterations", "yes", 0.25, "±0.005"),
+]
+
+
+def run_mnist_models(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    models = []
+    test = None
+    for d in zoo_models(ctx):
+        card = read_card(d)
+        metrics = card.get("metrics") or {}
+        entry: dict[str, Any] = {
+            "name": card.get("name", d.name),
+            "directory": shown(d),
+            "architecture": card.get("architecture"),
+            "routing": card.get("routing"),
+            "parameters": card.get("parameters"),
+            "decoder": bool(card.get("decoder")),
+            "card_test_error": metrics.get("mnist_test_error"),
+            "card_n": metrics.get("n"),
+            "evaluation": None,
+            "evaluation_error": None,
+        }
+        try:
+            from training.onnx_eval import evaluate_model_dir
+
+            test = test if test is not None else ctx.split("test")
+            entry["evaluation"] = evaluate_model_dir(d, test)
+        except NotMeasured as e:
+            entry["evaluation_error"] = str(e)
+        except ImportError as e:
+            entry["evaluation_error"] = f"training.onnx_eval is not available: {e}"
+        except (ValueError, FileNotFoundError, OSError) as e:
+            entry["evaluation_error"] = f"{type(e).__name__}: {e}"
+        models.append(entry)
+    return {"zoo": shown(ctx.zoo), "models": models}, {}
+
+
+def render_mnist_models(ctx: Context, saved: Saved | None, reason: str | None) -> str:
+    out = ["## 1. MNIST test error of the bundled models", ""]
+    paper_rows = [
+        [
+            f"{name} (paper)",
+            routing,
+            recon,
+            f"{err:.2f}%{(' ' + std) if std else ''}",
+            "—",
+            "10,000",
+            "Sabour et al. 2017",
+        ]
+        for name, routing, recon, err, std in PAPER_MNIST
+    ]
+    headers = ["model", "routing", "reconstruction", "test error", "card says", "n", "source"]
+    if saved is None:
+        return "\n".join([*out, not_measured(reason), "", "Papers' figures:", "", md_table(headers, paper_rows), ""])
+    rows, figs = [], []
+    for m in saved.result["models"]:
+        routing = m.get("routing") or {}
+        variant = f" ({routing['variant']})" if routing.get("variant") else ""
+        ev = m.get("evaluation")
+        error = ev["test_error"] if ev else m.get("card_test_error")
+        n = ev["n"] if ev else m.get("card_n")
+        source = "ONNX Runtime, this run" if ev else ("model card" if error is not None else "—")
+        rows.append(
+            [
+                m["name"],
+                f"{routing.get('algorithm')}{variant}, {routing.get('iterations')} iterations",
+                "yes" if m.get("decoder") else "no",
+                pct(error),
+                pct(m.get("card_test_error")) if ev else "",
+                f"{n:,}" if n else "—",
+                source,
+            ]
+        )
+        if ev and ev.get("confusion_matrix"):
+            path = ctx.figures / f"confusion_{m['name']}.png"
+            confusion_figure(path, np.asarray(ev["confusion_matrix"]), f"{m['name']}: errors by class")
+            figs.append(f"![confusion matrix of {m['name']}]({rel(ctx, path)})")
+        elif m.get("evaluation_error"):
+            figs.append(f"- {m['name']}: confusion matrix not measured: {m['evaluation_error']}")
+    if not rows:
+        out += [f"No bundled models in `{saved.result['zoo']}` yet (write one with `capsnet-export`).", ""]
+    out += [md_table(headers, rows + paper_rows), "", provenance(saved), "", *figs, ""]
+    return "\n".join(out)
+
+
+SECTION = Section("mnist_models", run_mnist_models, render_mnist_models)

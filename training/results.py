@@ -1,0 +1,40 @@
+"""Classification results shared by PyTorch and ONNX Runtime evaluation: error, per-class error, confusion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class EvalResult:
+    n: int
+    errors: int
+    confusion: np.ndarray  # (K, K): rows true class, columns predicted
+    loss: float = float("nan")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def test_error(self) -> float:
+        return self.errors / self.n if self.n else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        per_class_total = self.confusion.sum(axis=1)
+        per_class_err = 1.0 - np.diag(self.confusion) / np.maximum(per_class_total, 1)
+        return {
+            "test_error": self.test_error,
+            "test_accuracy": 1.0 - self.test_error,
+            "n": self.n,
+            "errors": self.errors,
+            "per_class_error": {str(k): round(float(e), 6) for k, e in enumerate(per_class_err)},
+            "confusion_matrix": self.confusion.tolist(),
+            **self.extra,
+        }
+
+
+def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:
+    cm = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(cm, (labels, predictions), 1)
+    return cm
