@@ -133,40 +133,50 @@ def find_engine(requested: str) -> Engine:
         return Engine("docker")
     if shutil.which("podman") is None:
         apt_install("podman", "buildah", "runc", "uidmap")
-    return Engine("podman", run_flags=podman_ulimits())
+    return Engine("podman")
 
 
-def podman_ulimits() -> list[str]:
-    """This process's own open-file and process limits, explicitly: some hosts refuse Podman's defaults."""
+def own_ulimits(nproc_cap: int | None = None) -> list[str]:
+    """This process's open-file and process limits as --ulimit flags (the process limit capped at `nproc_cap`)."""
     import resource
 
     flags = []
     for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
         soft, hard = resource.getrlimit(limit)
         if soft == resource.RLIM_INFINITY or hard == resource.RLIM_INFINITY:
-            continue  # unlimited: Podman's default is no worse
+            continue  # unlimited: the engine's default is no worse
+        if name == "nproc" and nproc_cap is not None:
+            soft, hard = min(soft, nproc_cap), min(hard, nproc_cap)
         flags += ["--ulimit", f"{name}={soft}:{hard}"]
     return flags
 
 
-def choose_runtime(engine: Engine, image: str) -> None:
-    """Podman's default OCI runtime (crun) fails on some cgroup v1/hybrid hosts: fall back to runc there."""
+def podman_candidates() -> Iterator[tuple[list[str], list[str]]]:
+    """(global flags, run flags) to try, the plain default first. Some hosts refuse Podman's default OCI runtime
+    (crun on cgroup v1/hybrid) or its default ulimits (more than the runtime may set without CAP_SYS_RESOURCE):
+    then runc, and this process's own limits, with the process limit halved until the runtime accepts it."""
+    runtimes: list[list[str]] = [[]] + ([["--runtime", "runc"]] if shutil.which("runc") else [])
+    caps: list[int | None] = [None, *(2**k for k in range(17, 11, -1))]
+    yield [], []
+    for runtime in runtimes:
+        for cap in caps:
+            yield runtime, own_ulimits(cap)
+
+
+def choose_podman_flags(engine: Engine, image: str) -> None:
+    """Find the runtime and ulimit flags with which this host's Podman runs a container."""
     if engine.name != "podman":
         return
-    probe = ["run", "--rm", "--network", "host", *engine.run_flags, image, "true"]
-    first = engine(*probe, check=False, timeout=120)
-    if first.returncode == 0:
-        return
-    if shutil.which("runc") is None:
-        apt_install("runc")
-    engine.global_flags = ["--runtime", "runc"]
-    second = engine(*probe, check=False, timeout=120)
-    if second.returncode != 0:
-        raise SmokeFailure(
-            f"podman cannot run a container with its default runtime ({first.stderr.strip()[-500:]}) "
-            f"nor with runc ({second.stderr.strip()[-500:]})"
-        )
-    log("podman's default runtime failed here; using runc")
+    first_error = ""
+    for global_flags, run_flags in podman_candidates():
+        engine.global_flags, engine.run_flags = global_flags, run_flags
+        out = engine("run", "--rm", "--network", "host", *run_flags, image, "true", check=False, timeout=120)
+        if out.returncode == 0:
+            if global_flags or run_flags:
+                log(f"podman's defaults fail here ({first_error}); using {shlex.join(global_flags + run_flags)}")
+            return
+        first_error = first_error or (out.stderr.strip().splitlines() or [""])[-1][-300:]
+    raise SmokeFailure(f"podman cannot run a container here with any runtime or ulimits tried: {first_error}")
 
 
 # ---- the base image ----
@@ -577,7 +587,7 @@ def build_image(engine: Engine, args: argparse.Namespace, work: Path, tag: str, 
         made.append(base)
         # Both bases point at the local image: Podman builds every stage (see Engine.build_flags).
         build_args = ["--build-arg", f"UBUNTU_IMAGE={base}", "--build-arg", f"CUDA_IMAGE={base}"]
-    choose_runtime(engine, base or registry_base)
+    choose_podman_flags(engine, base or registry_base)
     engine(
         "build", "-f", str(DOCKERFILE), "-t", tag, "--build-arg", "VARIANT=cpu", *build_args,
         *engine.build_flags(), *pip_secret_flags(work), str(REPO_ROOT), timeout=1800,
