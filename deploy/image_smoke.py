@@ -419,8 +419,12 @@ class Smoke:
             raise SmokeFailure(f"the CPU image must hold plain onnxruntime and not onnxruntime-gpu: {report}")
 
     def check_exposed_ports(self) -> None:
+        """The image exposes what the Dockerfile's EXPOSE says: HTTP and gRPC (CAPSNET_PORT, CAPSNET_GRPC_PORT)."""
         exposed = json.loads(self.inspect("{{json .Config.ExposedPorts}}") or "{}")
-        for port in (dockerfile_port("CAPSNET_PORT"), 8001):
+        expected = dockerfile_exposed()
+        if len(expected) < 2 or dockerfile_port("CAPSNET_PORT") not in expected:
+            raise SmokeFailure(f"the Dockerfile must EXPOSE the HTTP and the gRPC port, not only {expected}")
+        for port in expected:
             if f"{port}/tcp" not in exposed:
                 raise SmokeFailure(f"port {port}/tcp is not exposed by the image: {sorted(exposed)}")
 
@@ -517,6 +521,14 @@ class Smoke:
             logs = self.engine("logs", self.container, check=False)
             raise SmokeFailure(f"the server exited {code} after SIGTERM:\n{(logs.stdout + logs.stderr)[-2000:]}")
         return after
+
+
+def dockerfile_exposed() -> list[int]:
+    """The ports of the Dockerfile's EXPOSE instruction."""
+    match = re.search(r"^EXPOSE\s+(.+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    if match is None:
+        raise SmokeFailure(f"{DOCKERFILE} has no EXPOSE")
+    return [int(port.split("/")[0]) for port in match.group(1).split()]
 
 
 def dockerfile_port(variable: str) -> int:

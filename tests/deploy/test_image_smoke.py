@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from deploy import image_smoke
-from tests.deploy.manifests import DOCKERFILE, REPO_ROOT, Dockerfile, default_port
+from tests.deploy.manifests import DOCKERFILE, REPO_ROOT, Dockerfile, default_port, setting_default
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -106,9 +106,10 @@ def test_pip_secrets_are_mounted_where_the_dockerfile_expects_them() -> None:
             assert "pip" not in instruction.args.lower() or "PIP_DISABLE_PIP_VERSION_CHECK" in instruction.args
 
 
-def test_reads_base_image_and_port_from_the_dockerfile() -> None:
+def test_reads_base_image_and_ports_from_the_dockerfile() -> None:
     assert image_smoke.dockerfile_arg("UBUNTU_IMAGE") == Dockerfile.parse().global_args["UBUNTU_IMAGE"]
     assert image_smoke.dockerfile_port("CAPSNET_PORT") == default_port()
+    assert image_smoke.dockerfile_exposed() == [default_port(), setting_default("grpc_port")]
     with pytest.raises(image_smoke.SmokeFailure, match="has no `ARG NOPE=…`"):
         image_smoke.dockerfile_arg("NOPE", DOCKERFILE)
 
