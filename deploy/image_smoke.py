@@ -204,13 +204,16 @@ def host_codename(os_release: Path = Path("/etc/os-release")) -> str:
 
 
 def bootstrap_base(engine: Engine, work: Path, suite: str, tag: str) -> None:
-    """A minimal Debian (with apt) from Debian's packages, imported as `tag` with the PATH an image needs."""
+    """A minimal Debian (essential packages, apt, passwd) from Debian's packages, imported as `tag` with the PATH an
+    image needs."""
     if shutil.which("mmdebstrap") is None:
         apt_install("mmdebstrap")
     tarball = work / "base.tar"
     cmd = [
         "mmdebstrap",
-        "--variant=minbase",
+        # Essential packages, apt, and passwd (the Dockerfile adds a user); no documentation.
+        "--variant=apt",
+        "--include=passwd",
         "--dpkgopt=path-exclude=/usr/share/man/*",
         "--dpkgopt=path-exclude=/usr/share/locale/*",
         "--dpkgopt=path-exclude=/usr/share/doc/*",
@@ -218,6 +221,9 @@ def bootstrap_base(engine: Engine, work: Path, suite: str, tag: str) -> None:
         suite,
         str(tarball),
     ]
+    merged_usr = Path("/usr/share/mmdebstrap/hooks/merged-usr")
+    if merged_usr.is_dir():
+        cmd.insert(1, f"--hook-dir={merged_usr}")  # merges /usr itself: no usrmerge package, so no perl
     sources = Path("/etc/apt/sources.list.d/debian.sources")
     if host_codename() == suite and sources.is_file():
         cmd.append(str(sources))  # the host's own Debian mirror
@@ -636,7 +642,8 @@ def smoke(args: argparse.Namespace, work: Path, made: Made) -> int:
     log(f"build: ok ({time.monotonic() - step:.1f} s)")
     size = image_size_mb(engine, tag)
     if size > args.max_size_mb:
-        raise SmokeFailure(f"the image is {size} MB, over the {args.max_size_mb} MB limit")
+        layers = engine("history", "--format", "{{.Size}}\t{{.CreatedBy}}", tag).stdout
+        raise SmokeFailure(f"the image is {size} MB, over the {args.max_size_mb} MB limit; its layers:\n{layers}")
     http_port, grpc_port = free_port(), free_port()
     name = f"capsnet-smoke-{uuid.uuid4().hex[:8]}"
     check = Smoke(engine, tag, name, f"http://127.0.0.1:{http_port}", digits)
