@@ -111,8 +111,8 @@ class Engine:
             return []
         # Podman (buildah): HEALTHCHECK exists only in the docker format; buildah 1.28 drops the stage that
         # `FROM base-${VARIANT}` names unless it builds every stage; host networking reaches the package
-        # registries exactly as the host does.
-        flags = ["--format", "docker", "--network", "host", *self.run_flags]
+        # registries exactly as the host does; without cached layers no stage image outlives the run.
+        flags = ["--format", "docker", "--network", "host", "--layers=false", *self.run_flags]
         help_text = self("build", "--help").stdout
         if "--skip-unused-stages" in help_text:
             flags.append("--skip-unused-stages=false")
@@ -435,7 +435,9 @@ class Smoke:
                 raise SmokeFailure(f"port {port}/tcp is not exposed by the image: {sorted(exposed)}")
 
     def check_healthcheck(self, timeout: float) -> None:
-        health = json.loads(self.inspect("{{json .Config.Healthcheck}}") or "null")
+        (image,) = json.loads(self.engine("image", "inspect", self.image).stdout)
+        # Docker keeps it in the image's Config, Podman at the top of its inspect output.
+        health = image.get("Config", {}).get("Healthcheck") or image.get("Healthcheck")
         if not health or not health.get("Test"):
             raise SmokeFailure("the image has no HEALTHCHECK (Podman keeps it only with --format docker)")
         if self.engine.name == "podman":
@@ -471,9 +473,10 @@ class Smoke:
             raise SmokeFailure(f"GET /v2/models/{model} answered {status}: {body[:500]!r}")
         metadata = json.loads(body)
         (tensor,) = metadata["inputs"]
-        classes = [o for o in metadata["outputs"] if o["shape"][1:] == [10]]
+        n = len(json.loads(http(f"{self.base_url}/v1/models/{model}")[1])["classes"])
+        classes = [o for o in metadata["outputs"] if o["shape"][1:] == [n]]
         if not classes:
-            raise SmokeFailure(f"no per-class output ([-1, 10]) in the model's metadata: {metadata['outputs']}")
+            raise SmokeFailure(f"no per-class output ([-1, {n}]) in the model's metadata: {metadata['outputs']}")
         data = [value / 255 for pixels, _ in self.digits for value in pixels]
         request = {
             "inputs": [
@@ -487,8 +490,9 @@ class Smoke:
         if status != 200:
             raise SmokeFailure(f"POST /v2/models/{model}/infer answered {status}: {body[:500]!r}")
         (output,) = json.loads(body)["outputs"]
-        scores = output["data"]
-        predicted = [max(range(10), key=lambda c, i=i: scores[10 * i + c]) for i in range(len(self.digits))]
+        scores: list[float] = output["data"]
+        rows = [scores[n * i : n * (i + 1)] for i in range(len(self.digits))]
+        predicted = [row.index(max(row)) for row in rows]
         labels = [label for _, label in self.digits]
         if predicted != labels:
             raise SmokeFailure(f"v2 infer ({output['name']}) predicted {predicted} for digits labelled {labels}")
