@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO_ROOT / "deploy" / "Dockerfile"
@@ -436,8 +437,7 @@ class Smoke:
 
     def check_healthcheck(self, timeout: float) -> None:
         (image,) = json.loads(self.engine("image", "inspect", self.image).stdout)
-        # Docker keeps it in the image's Config, Podman at the top of its inspect output.
-        health = image.get("Config", {}).get("Healthcheck") or image.get("Healthcheck")
+        health = healthcheck_of(image)
         if not health or not health.get("Test"):
             raise SmokeFailure("the image has no HEALTHCHECK (Podman keeps it only with --format docker)")
         if self.engine.name == "podman":
@@ -531,6 +531,12 @@ class Smoke:
             logs = self.engine("logs", self.container, check=False)
             raise SmokeFailure(f"the server exited {code} after SIGTERM:\n{(logs.stdout + logs.stderr)[-2000:]}")
         return after
+
+
+def healthcheck_of(inspected: dict[str, Any]) -> dict[str, Any] | None:
+    """The HEALTHCHECK of `image inspect` output: Docker keeps it in Config, Podman at the top."""
+    health = inspected.get("Config", {}).get("Healthcheck") or inspected.get("Healthcheck")
+    return health if isinstance(health, dict) else None
 
 
 def dockerfile_exposed() -> list[int]:

@@ -137,6 +137,18 @@ def test_podman_fallbacks_start_with_the_defaults_and_lower_only_the_process_lim
         assert nproc == sorted(nproc, reverse=True) and nproc[-1] >= 4096
 
 
+@pytest.mark.parametrize(
+    "inspected",
+    [
+        {"Config": {"Healthcheck": {"Test": ["CMD", "true"]}}},  # docker image inspect
+        {"Config": {"ExposedPorts": {}}, "Healthcheck": {"Test": ["CMD", "true"]}},  # podman image inspect
+    ],
+)
+def test_healthcheck_is_found_where_each_engine_keeps_it(inspected: dict[str, object]) -> None:
+    assert image_smoke.healthcheck_of(inspected) == {"Test": ["CMD", "true"]}
+    assert image_smoke.healthcheck_of({"Config": {}}) is None
+
+
 def test_docker_without_a_daemon_is_a_missing_tool(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(image_smoke, "docker_answers", lambda: False)
     with pytest.raises(image_smoke.MissingTool, match=r"docker is not installed or its daemon does not answer"):
