@@ -112,8 +112,8 @@ class Engine:
             return []
         # Podman (buildah): HEALTHCHECK exists only in the docker format; buildah 1.28 drops the stage that
         # `FROM base-${VARIANT}` names unless it builds every stage; host networking reaches the package
-        # registries exactly as the host does; without cached layers no stage image outlives the run.
-        flags = ["--format", "docker", "--network", "host", "--layers=false", *self.run_flags]
+        # registries exactly as the host does.
+        flags = ["--format", "docker", "--network", "host", *self.run_flags]
         help_text = self("build", "--help").stdout
         if "--skip-unused-stages" in help_text:
             flags.append("--skip-unused-stages=false")
@@ -616,11 +616,19 @@ def build_image(engine: Engine, args: argparse.Namespace, work: Path, tag: str, 
         # Both bases point at the local image: Podman builds every stage (see Engine.build_flags).
         build_args = ["--build-arg", f"UBUNTU_IMAGE={base}", "--build-arg", f"CUDA_IMAGE={base}"]
     choose_podman_flags(engine, base or registry_base)
-    engine(
-        "build", "-f", str(DOCKERFILE), "-t", tag, "--build-arg", "VARIANT=cpu", *build_args,
-        *engine.build_flags(), *pip_secret_flags(work), str(REPO_ROOT), timeout=1800,
-    )  # fmt: skip
+    flags = [*build_args, *engine.build_flags(), *pip_secret_flags(work)]
+    if engine.name == "podman":
+        # Podman keeps the builder stage as an untagged image: build and tag it first, so that it can be removed
+        # (the full build below reuses its cached layers).
+        made.append(f"{tag}-builder")
+        engine(
+            "build", "-f", str(DOCKERFILE), "--target", "builder", "-t", f"{tag}-builder", "--build-arg",
+            "VARIANT=cpu", *flags, str(REPO_ROOT), timeout=1800,
+        )  # fmt: skip
     made.append(tag)
+    engine(
+        "build", "-f", str(DOCKERFILE), "-t", tag, "--build-arg", "VARIANT=cpu", *flags, str(REPO_ROOT), timeout=1800
+    )  # fmt: skip
     return base
 
 
