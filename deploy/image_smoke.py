@@ -42,6 +42,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO_ROOT / "deploy" / "Dockerfile"
 IMAGE_NAME = "capsnet-serve:cpu"
+# Every image a run builds carries this label (Podman puts it on each stage's image too), so all are removed.
+SMOKE_LABEL = "org.capsnet.image-smoke"
 MAX_SIZE_MB = 450
 # The bundled model's input (its card: image, FP32, [N, 1, 28, 28]); MNIST's files hold 28x28 digits too.
 SIDE = 28
@@ -616,15 +618,7 @@ def build_image(engine: Engine, args: argparse.Namespace, work: Path, tag: str, 
         # Both bases point at the local image: Podman builds every stage (see Engine.build_flags).
         build_args = ["--build-arg", f"UBUNTU_IMAGE={base}", "--build-arg", f"CUDA_IMAGE={base}"]
     choose_podman_flags(engine, base or registry_base)
-    flags = [*build_args, *engine.build_flags(), *pip_secret_flags(work)]
-    if engine.name == "podman":
-        # Podman keeps the builder stage as an untagged image: build and tag it first, so that it can be removed
-        # (the full build below reuses its cached layers).
-        made.append(f"{tag}-builder")
-        engine(
-            "build", "-f", str(DOCKERFILE), "--target", "builder", "-t", f"{tag}-builder", "--build-arg",
-            "VARIANT=cpu", *flags, str(REPO_ROOT), timeout=1800,
-        )  # fmt: skip
+    flags = [*build_args, *engine.build_flags(), *pip_secret_flags(work), "--label", f"{SMOKE_LABEL}={tag}"]
     made.append(tag)
     engine(
         "build", "-f", str(DOCKERFILE), "-t", tag, "--build-arg", "VARIANT=cpu", *flags, str(REPO_ROOT), timeout=1800
@@ -641,12 +635,22 @@ class Made:
     containers: list[str] = field(default_factory=list)
 
     def remove(self) -> None:
+        """Containers, then the tagged images, then their untagged layers (Podman keeps each step's image)."""
         if self.engine is None:
             return
+        layers: list[str] = []
+        for image in self.images:
+            history = self.engine("history", "--quiet", image, check=False, timeout=120).stdout.split()
+            layers += [layer for layer in history if layer != "<missing>"]  # newest first
+            labelled = ("images", "--all", "--quiet", "--filter", f"label={SMOKE_LABEL}={image}")
+            layers += self.engine(*labelled, check=False, timeout=120).stdout.split()
         for name in self.containers:
             self.engine("rm", "--force", name, check=False, timeout=120)
         for image in reversed(self.images):
             self.engine("rmi", "--force", image, check=False, timeout=120)
+        # Not forced: a layer another image still uses stays. Twice, as chains that share layers interleave.
+        for layer in [*dict.fromkeys(layers), *dict.fromkeys(layers)]:
+            self.engine("rmi", layer, check=False, timeout=120)
 
 
 def smoke(args: argparse.Namespace, work: Path, made: Made) -> int:
