@@ -6,7 +6,7 @@ DATA_DIR ?= ../shared/data/mnist
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark clean
+.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark image-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ serve: $(VENV)/.serve-installed
 
 benchmark: $(VENV)/.dev-installed
 	$(BIN)/python -m training.benchmark
+
+# Release check of the container image (README, "Deploy"): builds the CPU image with docker or podman, runs it,
+# checks it, removes it; the last line is `image capsnet-serve:cpu NNN MB`. Needs no virtual environment.
+image-smoke:
+	CAPSNET_DATA_DIR=$${CAPSNET_DATA_DIR:-$(DATA_DIR)} $(PYTHON) deploy/image_smoke.py $(IMAGE_SMOKE_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -28,7 +28,7 @@ INFERENCE_SERVICE = DEPLOY / "kserve" / "inferenceservice.yaml"
 LOADER_POD = K8S / "components" / "model-repository-pvc" / "loader-pod.yaml"
 
 OVERLAYS = ("cpu", "gpu")
-COMPONENTS = ("model-repository-pvc", "servicemonitor")
+COMPONENTS = ("auth-tokens", "model-repository-pvc", "servicemonitor")
 # Every overlay with every subset of the optional components.
 COMBINATIONS = [
     (overlay, subset)
@@ -112,19 +112,25 @@ def intra_op_threads(ctr: Obj, config: dict[str, str]) -> int:
     return int(config["CAPSNET_INTRA_OP_THREADS"])
 
 
-def settings_class() -> Any | None:
-    """service.core.config.Settings, or None while the service package is not there."""
+def settings_class() -> Any:
+    """service.core.config.Settings. The manifests are checked against it, so a service whose settings cannot be
+    imported fails these tests rather than skipping them (a skip would hide a broken service)."""
     try:
         return importlib.import_module("service.core.config").Settings
-    except ImportError:
-        return None
+    except Exception as e:
+        pytest.fail(f"service.core.config cannot be imported, so the manifests cannot be checked: {e!r}")
+
+
+def setting_default(name: str) -> Any:
+    """The default of a service setting, or a skip while the setting has not landed in the service."""
+    fields = settings_class().model_fields
+    if name not in fields:
+        pytest.skip(f"the service has no `{name}` setting yet (CAPSNET_{name.upper()})")
+    return fields[name].default
 
 
 def default_port() -> int:
-    settings = settings_class()
-    if settings is None:
-        pytest.skip("service.core.config is not importable yet: no default port to compare with")
-    return int(settings.model_fields["port"].default)
+    return int(settings_class().model_fields["port"].default)
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,7 +141,7 @@ def _app_client() -> Any:
 
         module = importlib.import_module("service.main")
         app = getattr(module, "app", None) or module.create_app()
-    except Exception as e:  # any failure to build the app: tests/service reports it; here it means "skip"
+    except Exception as e:  # any failure to build the app fails the caller: a broken service must not pass
         return f"{type(e).__name__}: {e}"
     return TestClient(app, raise_server_exceptions=False)
 
@@ -143,10 +149,10 @@ def _app_client() -> Any:
 def assert_served(*paths: str) -> None:
     """Each path is a GET route of the real app (any answer but 404/405: readiness is 503 while loading).
 
-    Skips while `service.main` cannot be imported."""
+    Fails when `service.main` cannot be imported: the paths cannot be checked against a broken service."""
     client = _app_client()
     if isinstance(client, str):
-        pytest.skip(f"service.main cannot be imported, so paths are not checked against its routes ({client[:200]})")
+        pytest.fail(f"service.main cannot be imported, so paths cannot be checked against its routes ({client[:500]})")
     for path in paths:
         status = client.get(path).status_code
         assert status not in (404, 405), f"GET {path} is not a route of service.main (status {status})"

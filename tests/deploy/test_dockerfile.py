@@ -21,6 +21,7 @@ from tests.deploy.manifests import (
     default_port,
     dockerignore_excludes,
     dockerignore_patterns,
+    setting_default,
 )
 
 VARIANTS = {"cpu": {"VARIANT": "cpu"}, "gpu": {"VARIANT": "gpu"}}
@@ -82,8 +83,10 @@ def test_runtime_has_no_torch(dockerfile: Dockerfile, variant: str) -> None:
         if source:
             assert source.group(1) == "builder" and copy.args.split()[-2] == "/opt/venv", copy
     installs = pip_installs(dockerfile)
-    assert installs == ["."], f"only the base (serving) install, no extras: {installs}"
-    assert any(i.stage == builder and "pip install ." in i.args for i in dockerfile.instructions)
+    # The variant's requirements (deploy/requirements.py: pyproject's base dependencies), then the project alone.
+    assert installs == ["-r /tmp/requirements.txt", "--no-deps ."], f"only the base (serving) install: {installs}"
+    (install,) = [i for i in dockerfile.instructions if i.stage == builder and "pip install --no-deps ." in i.args]
+    assert 'deploy/requirements.py "$VARIANT" > /tmp/requirements.txt' in install.args
 
 
 def test_training_extra_holds_torch_and_the_base_does_not() -> None:
@@ -98,7 +101,7 @@ def test_exposes_and_health_checks_the_service_port(dockerfile: Dockerfile, vari
     stages = runtime_stages(dockerfile, variant)
     port = default_port()
     (expose,) = dockerfile.in_stages(stages, "EXPOSE")
-    assert expose.args.split("/")[0] == str(port)
+    assert str(port) in [p.split("/")[0] for p in expose.args.split()]
     (healthcheck,) = dockerfile.in_stages(stages, "HEALTHCHECK")
     command = healthcheck.exec_form()
     assert command is not None, "exec-form HEALTHCHECK (no shell needed)"
@@ -106,6 +109,12 @@ def test_exposes_and_health_checks_the_service_port(dockerfile: Dockerfile, vari
     assert "/health/live" in script
     assert f"'{port}'" in script or f":{port}/" in script, "the health check must default to the service port"
     assert command[0] in {"python3", "python", "curl"}, "a tool the runtime image really has"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_exposes_the_grpc_port(dockerfile: Dockerfile, variant: str) -> None:
+    (expose,) = dockerfile.in_stages(runtime_stages(dockerfile, variant), "EXPOSE")
+    assert str(setting_default("grpc_port")) in [p.split("/")[0] for p in expose.args.split()]
 
 
 def test_health_check_path_is_a_route_the_app_serves(dockerfile: Dockerfile) -> None:

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import yaml
 
-from tests.deploy.manifests import INFERENCE_SERVICE, Obj, assert_served, cpu_cores, default_port, intra_op_threads
+from tests.deploy.manifests import (
+    INFERENCE_SERVICE,
+    Obj,
+    assert_served,
+    container,
+    cpu_cores,
+    default_port,
+    intra_op_threads,
+    render,
+    setting_default,
+)
+from tests.deploy.test_manifests import K8S_VERSIONS, validate
+from tests.deploy.test_policy import pod_spec
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +79,70 @@ def test_resources_threads_and_security(predictor: Obj) -> None:
     assert security["seccompProfile"]["type"] == "RuntimeDefault"
     tmp = next(m for m in ctr["volumeMounts"] if m["mountPath"] == "/tmp")
     assert any(v["name"] == tmp["name"] and "emptyDir" in v for v in predictor["volumes"])
+
+
+def example(name: str) -> Obj:
+    """The commented-out `[example: name]` block of the InferenceService, parsed as YAML."""
+    lines = INFERENCE_SERVICE.read_text().splitlines()
+    (start,) = [i for i, line in enumerate(lines) if f"[example: {name}]" in line]
+    indent = lines[start].index("#")
+    block = []
+    for line in lines[start + 1 :]:
+        if not line.startswith(" " * indent + "#   "):
+            break
+        block.append(line[indent + 4 :])
+    assert block, f"example {name!r} is empty"
+    return yaml.safe_load("\n".join(block))
+
+
+def with_examples(predictor: Obj, *names: str) -> Obj:
+    """The predictor with the examples applied as their comments say: lists appended, grpc replacing."""
+    predictor = copy.deepcopy(predictor)
+    ctr = server(predictor)
+    for name in names:
+        for key, value in example(f"{name} container").items():
+            ctr[key] = [*ctr.get(key, []), *value] if name == "auth-tokens" else value
+        if name == "auth-tokens":
+            predictor["volumes"] = [*predictor["volumes"], *example(f"{name} predictor")["volumes"]]
+    return predictor
+
+
+@pytest.mark.parametrize("names", [("grpc",), ("auth-tokens",), ("grpc", "auth-tokens")], ids="+".join)
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_examples_give_a_valid_predictor(predictor: Obj, names: tuple[str, ...], version: str) -> None:
+    isvc = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": "capsnet"},
+        "spec": {"predictor": with_examples(predictor, *names)},
+    }
+    validate(isvc, version)
+
+
+def test_grpc_example_serves_h2c_on_the_grpc_port(predictor: Obj) -> None:
+    ctr = server(with_examples(predictor, "grpc"))
+    (port,) = ctr["ports"]
+    assert port["name"] == "h2c", "Knative picks HTTP/2 for a port named h2c"
+    assert port["containerPort"] == setting_default("grpc_port")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert ctr[probe] == {**ctr[probe], "tcpSocket": {"port": port["containerPort"]}}
+        assert "httpGet" not in ctr[probe] and "grpc" not in ctr[probe], "Knative accepts neither on an h2c port"
+
+
+def test_auth_tokens_example_matches_the_kustomize_component(predictor: Obj) -> None:
+    patched = with_examples(predictor, "auth-tokens")
+    ctr = server(patched)
+    component = container(pod_spec(render("cpu", ("auth-tokens",))))
+    tokens = next(e for e in ctr["env"] if e["name"] == "CAPSNET_AUTH_TOKENS_FILE")
+    assert tokens in component["env"]
+    mount = next(m for m in ctr["volumeMounts"] if m["name"] == "auth-tokens")
+    assert mount in component["volumeMounts"] and "subPath" not in mount
+    (volume,) = [v for v in patched["volumes"] if v["name"] == "auth-tokens"]
+    assert volume["secret"]["secretName"] == "capsnet-auth-tokens"
+    assert volume["secret"]["items"] == [{"key": "tokens", "path": "tokens"}]
+    assert tokens["value"] == f"{mount['mountPath']}/tokens"
+    # No pod fsGroup under Knative: the non-root user reads the file through the "other" bits.
+    assert "securityContext" not in patched
+    assert volume["secret"]["defaultMode"] & 0o004
+    # The probes do not change: health stays open.
+    assert ctr["readinessProbe"] == server(predictor)["readinessProbe"]
