@@ -86,6 +86,14 @@ def _softmax_backward(c: torch.Tensor, grad_c: torch.Tensor, dim: int) -> torch.
     return torch._softmax_backward_data(grad_c, c, dim, c.dtype)
 
 
+def _dot(u_hat: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """û (B, N_out, N_in, D) · v (B, N_out, D) -> (B, N_out, N_in), as the row vector v times û transposed.
+
+    The same products as `agreement`'s matrix-vector form, which MKL runs about three times slower.
+    """
+    return torch.matmul(v.unsqueeze(-2), u_hat.transpose(-1, -2)).squeeze(-2)
+
+
 class _RouteSabour(torch.autograd.Function):
     """Routing by agreement on class-major û (B, N_out, N_in, D) -> v (B, N_out, D), c (B, N_out, N_in)."""
 
@@ -97,7 +105,7 @@ class _RouteSabour(torch.autograd.Function):
         vs: list[torch.Tensor] = []
         for t in range(iterations):
             if t:
-                b = b + torch.matmul(u_hat, vs[-1].unsqueeze(-1)).squeeze(-1)  # agreement û · v
+                b = b + _dot(u_hat, vs[-1])  # agreement û · v
             cs.append(F.softmax(b, dim=1))
             ss.append(torch.matmul(cs[-1].unsqueeze(2), u_hat).squeeze(2))  # Σ_i c_ij û_j|i
             vs.append(squash(ss[-1]))
@@ -128,16 +136,16 @@ class _RouteSabour(torch.autograd.Function):
             right.append(gs)
             if t == 0:  # c_0 = softmax(0) is a constant
                 break
-            gc_t = torch.matmul(u_hat, gs.unsqueeze(-1)).squeeze(-1)  # s_t = Σ_i c_ij û_j|i: to c_t
+            gc_t = _dot(u_hat, gs)  # s_t = Σ_i c_ij û_j|i: to c_t
             if t == r - 1:
                 gc_t = gc_t + gc
             g_softmax = _softmax_backward(cs[t], gc_t, 1)
             grad_b = g_softmax if grad_b is None else grad_b + g_softmax
         if not ctx.needs_input_grad[0]:
             return None, None, None
-        factors_left = torch.stack(left, dim=-1)  # (B, N_out, N_in, 2r - 1)
+        factors_left = torch.stack(left, dim=-2)  # (B, N_out, 2r - 1, N_in): contiguous rows, a cheap stack
         factors_right = torch.stack(right, dim=-2)  # (B, N_out, 2r - 1, D)
-        return torch.matmul(factors_left, factors_right), None, None
+        return torch.matmul(factors_left.transpose(-1, -2), factors_right), None, None
 
 
 def route_sabour_fused(u_hat: torch.Tensor, iterations: int, squash: Squash) -> tuple[torch.Tensor, torch.Tensor]:
