@@ -41,7 +41,9 @@ class _StridedConv2d(torch.autograd.Function):
     """conv2d (no padding, no dilation, one group) with the weight gradient of `conv_weight_grad`."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int
+    ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.stride = stride
         return F.conv2d(x, weight, bias, stride=stride)
@@ -149,7 +151,9 @@ class _RouteSabour(torch.autograd.Function):
 
 
 def route_sabour_fused(u_hat: torch.Tensor, iterations: int, squash: Squash) -> tuple[torch.Tensor, torch.Tensor]:
-    """`route_sabour` with the squash function `squash` (û class-major (B, N_out, N_in, D) -> v (B, N_out, D), c (B, N_in, N_out)), with one
-    write of ∂L/∂û in the backward."""
+    """`route_sabour` with the squash function `squash`, whose backward writes ∂L/∂û once.
+
+    û class-major (B, N_out, N_in, D) -> v (B, N_out, D) and c (B, N_in, N_out), as `route_sabour`.
+    """
     v, c = _RouteSabour.apply(u_hat, iterations, squash)
     return v, c.transpose(1, 2)

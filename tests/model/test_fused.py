@@ -106,9 +106,7 @@ def _training_step(net: CapsNet, x: torch.Tensor, y: torch.Tensor, amp: bool) ->
 
 
 @pytest.mark.parametrize(("amp", "tol"), [(False, 1e-5), (True, 2e-2)])
-def test_training_step_matches_the_plain_implementation(
-    monkeypatch: pytest.MonkeyPatch, amp: bool, tol: float
-) -> None:
+def test_training_step_matches_the_plain_implementation(monkeypatch: pytest.MonkeyPatch, amp: bool, tol: float) -> None:
     """Loss and every parameter gradient of a training step, fused backward passes vs the plain autograd code."""
     torch.manual_seed(0)
     net = CapsNet(CapsNetConfig.tiny()).train()
