@@ -116,7 +116,7 @@ class PrimaryCaps(nn.Module):
 
     def _conv(self, x: torch.Tensor) -> torch.Tensor:
         """The convolution; training under CPU bfloat16 autocast takes oneDNN's faster route to its weight gradient."""
-        if x.dtype == torch.bfloat16 and x.device.type == "cpu" and torch.is_grad_enabled():
+        if self.training and x.dtype == torch.bfloat16 and x.device.type == "cpu" and torch.is_grad_enabled():
             conv = self.conv
             bias = conv.bias.to(x.dtype) if conv.bias is not None else None
             return strided_conv2d(x, conv.weight.to(x.dtype), bias, self.cfg.primary_stride)
@@ -138,7 +138,9 @@ class DigitCaps(nn.Module):
         # inference) and in ONNX Runtime than an einsum straight to this layout or a broadcast matmul.
         u_hat = u_hat.transpose(1, 2).contiguous()  # (B, N_out, N_in, D_out)
         if self.cfg.routing == "sabour":
-            if u_hat.requires_grad and torch.is_grad_enabled():  # training: the same routing, a faster backward
+            # Training only: the same routing with a faster backward. Eval mode (evaluation, and export, which
+            # traces with gradients on) keeps the plain code, so the exported graphs do not change.
+            if self.training and u_hat.requires_grad and torch.is_grad_enabled():
                 return route_sabour_fused(u_hat, self.cfg.routing_iterations, squash)
             return route_sabour(u_hat, self.cfg.routing_iterations)
         return route_normalized(u_hat, self.cfg.routing_iterations)

@@ -148,7 +148,7 @@ def test_amp_training_routes_squashes_and_measures_lengths_in_float32(monkeypatc
 
 
 def test_inference_and_float32_convolution_use_the_plain_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No gradients (inference, evaluation, export): plain routing; float32: the plain convolution."""
+    """Eval mode or no gradients (inference, evaluation, export): the plain code; float32: the plain convolution."""
 
     def fail(*args: Any) -> Any:
         raise AssertionError("a fused training path ran")
@@ -162,6 +162,7 @@ def test_inference_and_float32_convolution_use_the_plain_code(monkeypatch: pytes
             net.eval()(x)
         with torch.inference_mode():
             net(x)
+        net.eval()(x).lengths.sum().backward()  # eval mode with gradients on, as torch.export traces
     with monkeypatch.context() as m:
         m.setattr(capsnet, "strided_conv2d", fail)
         net.train()(x, torch.tensor([1, 2])).lengths.sum().backward()
