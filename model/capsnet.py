@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import CapsNetConfig
+from model.fused import route_sabour_fused, strided_conv2d
 
 EPS = 1e-8
 
@@ -105,13 +106,21 @@ class PrimaryCaps(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        u = self.conv(x)  # (B, types*dim, G, G)
+        u = self._conv(x)  # (B, types*dim, G, G)
         if u.dtype != torch.float32:  # bfloat16 from the autocast convolution: capsules are float32
             u = u.float()
         g = cfg.primary_grid
         u = u.reshape(-1, cfg.primary_types, cfg.primary_dim, g, g)  # (B, types, dim, G, G)
         u = u.permute(0, 1, 3, 4, 2).reshape(-1, cfg.num_primary, cfg.primary_dim)  # (B, N_in, dim)
         return squash(u)
+
+    def _conv(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolution; training under CPU bfloat16 autocast takes oneDNN's faster route to its weight gradient."""
+        if self.training and x.dtype == torch.bfloat16 and x.device.type == "cpu" and torch.is_grad_enabled():
+            conv = self.conv
+            bias = conv.bias.to(x.dtype) if conv.bias is not None else None
+            return strided_conv2d(x, conv.weight.to(x.dtype), bias, self.cfg.primary_stride)
+        return self.conv(x)
 
 
 class DigitCaps(nn.Module):
@@ -129,6 +138,10 @@ class DigitCaps(nn.Module):
         # inference) and in ONNX Runtime than an einsum straight to this layout or a broadcast matmul.
         u_hat = u_hat.transpose(1, 2).contiguous()  # (B, N_out, N_in, D_out)
         if self.cfg.routing == "sabour":
+            # Training only: the same routing with a faster backward. Eval mode (evaluation, and export, which
+            # traces with gradients on) keeps the plain code, so the exported graphs do not change.
+            if self.training and u_hat.requires_grad and torch.is_grad_enabled():
+                return route_sabour_fused(u_hat, self.cfg.routing_iterations, squash)
             return route_sabour(u_hat, self.cfg.routing_iterations)
         return route_normalized(u_hat, self.cfg.routing_iterations)
 

@@ -1,8 +1,10 @@
 """Training and inference speed of the paper CapsNet on this machine (a script, not a test).
 
-    python -m training.benchmark [--device auto] [--train-steps 5] [--routing sabour]
+    python -m training.benchmark [--device auto] [--train-steps 5] [--routing sabour] [--amp]
 
-Prints the machine, then training images/s at batch 128 and inference images/s at batch 1 and 128.
+Prints the machine, then training images/s at batch 128, inference images/s at batch 1 and 128, and
+ONNX Runtime's float32 inference images/s at batch 32 for the same model with the ratio training / ORT
+(the yardstick of issue #13: a training step costs about three forward passes).
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ import time
 
 import torch
 
+from service.runtime.model_dir import create_session
 from training.architectures import get_architecture
 from training.device import resolve_device, synchronize, use_amp
+from training.export import DEFAULT_OPSET
+from training.export_card import INPUT_NAME
+from training.export_graphs import ImageGraph, to_onnx
 from training.machine import machine_description
 from training.train import TrainConfig, model_config_for
 
@@ -58,6 +64,40 @@ def time_inference(cfg: TrainConfig, device: torch.device, batch: int, seconds: 
     return done / (time.perf_counter() - start)
 
 
+ORT_BATCH = 32  # the inference batch the training rate is compared with
+
+
+def time_ort_inference(cfg: TrainConfig, batch: int = ORT_BATCH, seconds: float = 3.0) -> float:
+    """Images/s of ONNX Runtime (CPU, float32) on the model's ONNX graph, built in memory by the export code."""
+    arch = get_architecture(cfg.arch)
+    if arch.export is None:
+        raise ValueError(f"architecture {cfg.arch!r} has no ONNX export")
+    config = model_config_for(cfg)
+    model = arch.build(config).eval()
+    spec = arch.export(model, config)
+    outputs = [o.name for o in spec.outputs]
+    example = torch.rand(2, *spec.input_shape)
+    proto = to_onnx(ImageGraph(model, spec).eval(), (example,), [INPUT_NAME], outputs, DEFAULT_OPSET)
+    session = create_session(proto.SerializeToString(), "cpu")
+    images = {INPUT_NAME: torch.rand(batch, *spec.input_shape).numpy()}
+    for _ in range(2):
+        session.run(outputs, images)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        session.run(outputs, images)
+        done += batch
+    return done / (time.perf_counter() - start)
+
+
+def train_vs_ort(train_rate: float, cfg: TrainConfig, seconds: float) -> dict[str, float]:
+    """ORT float32 batch-32 inference rate of the same model, and training rate / that rate."""
+    ort_rate = time_ort_inference(cfg, ORT_BATCH, seconds)
+    return {
+        f"ort_float32_infer_images_per_s_batch{ORT_BATCH}": round(ort_rate, 1),
+        "train_to_ort_ratio": round(train_rate / ort_rate, 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.benchmark", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="dynamic", choices=["dynamic", "em"], help="architecture (default: dynamic)")
@@ -78,15 +118,18 @@ def main(argv: list[str] | None = None) -> int:
         arch=args.arch, preset=args.preset, routing=args.routing, batch_size=args.batch_size, amp=args.amp
     )
     torch.manual_seed(0)
+    train_rate = time_training(cfg, device, args.train_steps)
     result = {
         "machine": machine_description(device),
         "arch": args.arch,
         "preset": args.preset,
         "routing": args.routing or "default",
-        f"train_images_per_s_batch{args.batch_size}": round(time_training(cfg, device, args.train_steps), 1),
+        f"train_images_per_s_batch{args.batch_size}": round(train_rate, 1),
         "infer_images_per_s_batch1": round(time_inference(cfg, device, 1, args.seconds), 1),
         "infer_images_per_s_batch128": round(time_inference(cfg, device, 128, args.seconds), 1),
     }
+    if get_architecture(args.arch).export is not None:
+        result |= train_vs_ort(train_rate, cfg, args.seconds)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -16,3 +16,6 @@ def test_benchmark_prints_machine_and_rates(capsys: pytest.CaptureFixture[str]) 
     assert result["machine"]["device"] == "cpu"
     for key in ("train_images_per_s_batch4", "infer_images_per_s_batch1", "infer_images_per_s_batch128"):
         assert result[key] > 0, key
+    ort = result["ort_float32_infer_images_per_s_batch32"]
+    assert ort > 0
+    assert result["train_to_ort_ratio"] == pytest.approx(result["train_images_per_s_batch4"] / ort, rel=0.01, abs=1e-3)
