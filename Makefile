@@ -6,7 +6,7 @@ DATA_DIR ?= ../shared/data/mnist
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark clean
+.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ serve: $(VENV)/.serve-installed
 
 benchmark: $(VENV)/.dev-installed
 	$(BIN)/python -m training.benchmark
+
+# The gRPC messages of the Open Inference Protocol: compile the .proto into the descriptor the service loads.
+proto: $(VENV)/.dev-installed
+	$(BIN)/python -m grpc_tools.protoc -I service/grpc --descriptor_set_out=service/grpc/grpc_predict_v2.binpb \
+		service/grpc/grpc_predict_v2.proto
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -38,8 +38,9 @@ class MetricsMiddleware:
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope["method"] if scope["method"] in METHODS else "other"
-            self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
-            self.metrics.request_latency.labels(route=route, method=method).observe(time.perf_counter() - start)
+            labels = {"protocol": "http", "route": route, "method": method}
+            self.metrics.requests.labels(**labels, status=str(status)).inc()
+            self.metrics.request_latency.labels(**labels).observe(time.perf_counter() - start)
 
 
 class BodyLimitMiddleware:

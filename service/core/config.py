@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Address `capsnet-serve` binds to.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port `capsnet-serve` listens on.")
+    grpc_port: int = Field(
+        default=8001,
+        ge=0,
+        le=65535,
+        description="Port of the gRPC Open Inference Protocol and health services (same host); 0 turns gRPC off.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(default=False, description="Log one line per request (the metrics count them anyway).")
 
@@ -94,3 +100,9 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         default=20_000_000, ge=1, description="Largest decoded image (width × height), checked before decoding."
     )
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> Settings:
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(f"grpc_port and port are both {self.port}: gRPC needs a port of its own (0 turns it off)")
+        return self

@@ -14,16 +14,18 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # protocol "http": route template, HTTP method and status code; protocol "grpc": the full method name
+        # (/inference.GRPCInferenceService/ModelInfer), method POST and the status code's name (OK, NOT_FOUND, …).
         self.requests = Counter(
             "capsnet_http_requests",
-            "HTTP requests by route template, method and status.",
-            ["route", "method", "status"],
+            "Requests (HTTP/1.1 REST and gRPC) by protocol, route, method and status.",
+            ["protocol", "route", "method", "status"],
             registry=r,
         )
         self.request_latency = Histogram(
             "capsnet_http_request_duration_seconds",
-            "Time from request start to response end, by route template.",
-            ["route", "method"],
+            "Time from request start to response end, by protocol and route.",
+            ["protocol", "route", "method"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -400,6 +400,9 @@ def test_metrics_labels_cannot_be_multiplied_by_clients(make_client: Any, model_
         client.request(f"BREW{i}", "/v1/models")
     text = client.get("/metrics").text
     assert "random-" not in text and "BREW" not in text
-    assert 'capsnet_http_requests_total{method="GET",route="unmatched",status="404"} 3.0' in text
-    assert 'capsnet_http_requests_total{method="POST",route="/v1/models/{name}/classify",status="404"} 3.0' in text
-    assert 'capsnet_http_requests_total{method="other",route="/v1/models",status="405"} 3.0' in text
+    assert 'capsnet_http_requests_total{method="GET",protocol="http",route="unmatched",status="404"} 3.0' in text
+    assert (
+        'capsnet_http_requests_total{method="POST",protocol="http",route="/v1/models/{name}/classify",status="404"} 3.0'
+        in text
+    )
+    assert 'capsnet_http_requests_total{method="other",protocol="http",route="/v1/models",status="405"} 3.0' in text
