@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from service.core.config import Settings
@@ -43,6 +44,27 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+class MalformedMessage:
+    """What a request that protobuf cannot parse becomes, so that the call answers INVALID_ARGUMENT."""
+
+    def __init__(self, error: DecodeError) -> None:
+        self.error = error
+
+
+def tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """The deserializer, returning a MalformedMessage where it would raise (grpc would answer INTERNAL)."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as e:
+            return MalformedMessage(e)
+
+    return parse
+
+
 def metadata_value(details: grpc.HandlerCallDetails, key: str) -> str | None:
     return next((str(v) for k, v in details.invocation_metadata or () if k == key), None)
 
@@ -69,7 +91,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         )
         return grpc.unary_unary_rpc_method_handler(
             self.wrap(method, handler.unary_unary, allowed),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
 
@@ -83,6 +105,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 if not allowed:
                     code = grpc.StatusCode.UNAUTHENTICATED
                     await context.abort(code, "missing or invalid bearer token: send 'authorization: Bearer <token>'")
+                if isinstance(request, MalformedMessage):
+                    code = grpc.StatusCode.INVALID_ARGUMENT
+                    name = method.rsplit("/", 1)[-1]
+                    await context.abort(code, f"malformed {name} request message: {request.error}")
                 return await behavior(request, context)
             except ServiceError as e:
                 code, trailing = grpc_status(e)
