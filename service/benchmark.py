@@ -3,7 +3,8 @@
 Runs, in one go and on one model: `capsnet.onnx` in ONNX Runtime directly (batch 1 … 128, with the
 service's own session options), then a real `capsnet-serve` process driven through
 `POST /v2/models/{name}/infer` with one image per request at each concurrency (like perf_analyzer),
-and prints throughput, latency percentiles and the service ÷ raw ratios, with the machine it ran on.
+then the same over gRPC (`ModelInfer` with raw tensor bytes), and prints throughput, latency
+percentiles and the service ÷ raw ratios, with the machine it ran on.
 
     python -m service.benchmark [--model-repository DIR] [--model NAME] [--duration S]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +33,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.core.config import Settings, cgroup_cpu_limit
+from service.grpc.load import grpc_window, infer_message
 from service.runtime.card import GRAPH_FILE, ModelCard
 from service.runtime.repository import scan_repository
 from service.runtime.sessions import active_provider, create_session
@@ -37,6 +41,7 @@ from service.runtime.sessions import active_provider, create_session
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONCURRENCY = (1, 8, 32, 64)
+Load = Callable[[int, float, float], Coroutine[Any, Any, list[tuple[float, float, int]]]]  # (concurrency, ramp, window)
 
 
 @dataclass
@@ -189,8 +194,7 @@ def paired_level(
     session: ort.InferenceSession,
     card: ModelCard,
     best_batch: int,
-    port: int,
-    request: bytes,
+    load: Load,
     concurrency: int,
     rounds: int,
     window: float,
@@ -204,12 +208,12 @@ def paired_level(
     ramp = 1.0 + 0.02 * concurrency
     for i in range(rounds):
         if i % 2:  # every other round the service goes first, so that neither side always follows the other
-            done += asyncio.run(http_window("127.0.0.1", port, request, concurrency, ramp, window))
+            done += asyncio.run(load(concurrency, ramp, window))
         raw += raw_slice(session, best_feed, window)
         if concurrency == 1:
             raw_one += raw_slice(session, one_feed, window)
         if not i % 2:
-            done += asyncio.run(http_window("127.0.0.1", port, request, concurrency, ramp, window))
+            done += asyncio.run(load(concurrency, ramp, window))
     latencies = [end - start for start, end, _ in done]
     return HttpRow(
         concurrency,
@@ -230,8 +234,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(repository: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_server(repository: Path, port: int, env: dict[str, str], grpc_port: int = 0) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "service.main", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--grpc-port", str(grpc_port)]
     command += ["--model-repository", str(repository), "--log-level", "warning"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, **env})
     deadline = time.monotonic() + 300
@@ -259,6 +264,44 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def service_table(rows: list[HttpRow], protocol: str, best_batch: int) -> list[str]:
+    if not rows:
+        return []
+    return [
+        f"| {protocol} concurrency | throughput (img/s) | p50 (ms) | p90 (ms) | p99 (ms) | errors "
+        f"| raw batch {best_batch} alongside (img/s) | service ÷ raw |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {h.concurrency} | {h.throughput:.1f} | {h.p50_ms:.2f} | {h.p90_ms:.2f} | {h.p99_ms:.2f} | "
+            f"{h.errors} | {h.raw_throughput:.1f} | {h.throughput / h.raw_throughput:.0%} |"
+            for h in rows
+        ),
+        "",
+    ]
+
+
+def targets(rows: list[HttpRow], protocol: str, ratio: float, p50_slack_ms: float) -> list[str]:
+    """How the service did against the targets: at concurrency >= 32, `ratio` of raw ONNX Runtime's best
+    batched throughput; at concurrency 1, a p50 within `p50_slack_ms` of raw batch 1's."""
+    lines = []
+    high = [h for h in rows if h.concurrency >= 32]
+    if high:
+        worst = min(high, key=lambda h: h.throughput / h.raw_throughput)
+        share = worst.throughput / worst.raw_throughput
+        lines.append(
+            f"{protocol}, concurrency >= 32: the service delivers at least {share:.0%} "
+            f"of raw ONNX Runtime's best batched throughput (target >= {ratio:.0%})"
+        )
+    one = next((h for h in rows if h.concurrency == 1), None)
+    if one and one.raw_batch1_p50_ms is not None:
+        extra = one.p50_ms - one.raw_batch1_p50_ms
+        lines.append(
+            f"{protocol}, concurrency 1: service p50 {one.p50_ms:.2f} ms vs raw batch-1 p50 "
+            f"{one.raw_batch1_p50_ms:.2f} ms: {extra:+.2f} ms (target <= +{p50_slack_ms} ms)"
+        )
+    return lines
+
+
 def report(result: dict[str, Any]) -> str:
     raw: list[RawRow] = result["raw"]
     http: list[HttpRow] = result["http"]
@@ -276,29 +319,11 @@ def report(result: dict[str, Any]) -> str:
         "|---:|---:|---:|",
         *(f"| {r.batch} | {r.throughput:.1f} | {r.p50_ms:.2f} |" for r in raw),
         "",
-        "| service concurrency | throughput (img/s) | p50 (ms) | p90 (ms) | p99 (ms) | errors "
-        f"| raw batch {result['best_batch']} alongside (img/s) | service ÷ raw |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *(
-            f"| {h.concurrency} | {h.throughput:.1f} | {h.p50_ms:.2f} | {h.p90_ms:.2f} | {h.p99_ms:.2f} | "
-            f"{h.errors} | {h.raw_throughput:.1f} | {h.throughput / h.raw_throughput:.0%} |"
-            for h in http
-        ),
-        "",
+        *service_table(http, "HTTP", result["best_batch"]),
+        *service_table(result.get("grpc", []), "gRPC", result["best_batch"]),
     ]
-    high = [h for h in http if h.concurrency >= 32]
-    if high:
-        worst = min(high, key=lambda h: h.throughput / h.raw_throughput)
-        lines.append(
-            f"concurrency >= 32: the service delivers at least {worst.throughput / worst.raw_throughput:.0%} "
-            "of raw ONNX Runtime's best batched throughput (target >= 80%)"
-        )
-    one = next((h for h in http if h.concurrency == 1), None)
-    if one and one.raw_batch1_p50_ms is not None:
-        lines.append(
-            f"concurrency 1: service p50 {one.p50_ms:.2f} ms vs raw batch-1 p50 {one.raw_batch1_p50_ms:.2f} ms: "
-            f"{one.p50_ms - one.raw_batch1_p50_ms:+.2f} ms (target <= +1.5 ms)"
-        )
+    lines += targets(http, "HTTP", 0.80, 1.5)
+    lines += targets(result.get("grpc", []), "gRPC", 0.85, 0.5)
     if result.get("server_peak_rss_mib") is not None:
         lines.append(f"service peak resident memory under this load: {result['server_peak_rss_mib']:.0f} MiB (VmHWM)")
     return "\n".join(lines)
@@ -351,6 +376,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="binary",
         help="tensor encoding of the requests: binary (perf_analyzer's default) or json (default: binary)",
     )
+    parser.add_argument(
+        "--grpc",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure gRPC (ModelInfer, raw tensor bytes) at the same concurrencies (default: on)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here (default: none)")
     return parser.parse_args(argv)
 
@@ -390,18 +421,23 @@ def main(argv: list[str] | None = None) -> None:
         "CAPSNET_MAX_QUEUE_DELAY_MS": str(args.max_queue_delay_ms),
         "CAPSNET_MAX_QUEUE_SIZE": str(max(256, 4 * max(concurrency))),
     }
-    server = start_server(args.model_repository, port, env)
+    grpc_port = free_port() if args.grpc else 0
+    server = start_server(args.model_repository, port, env, grpc_port)
     try:
         request = infer_request(card, "127.0.0.1", port, args.encoding == "binary")
-        result["http"] = []
-        for c in concurrency:
-            row = paired_level(session, card, best.batch, port, request, c, args.rounds, args.duration / args.rounds)
-            result["http"].append(row)
-            print(
-                f"  service concurrency {c:3d}: {row.throughput:9.1f} img/s  p50 {row.p50_ms:8.2f} ms  "
-                f"(raw alongside {row.raw_throughput:.1f} img/s)",
-                flush=True,
-            )
+        loads: dict[str, Load] = {"http": functools.partial(http_window, "127.0.0.1", port, request)}
+        if args.grpc:
+            loads["grpc"] = functools.partial(grpc_window, f"127.0.0.1:{grpc_port}", infer_message(card))
+        for protocol, load in loads.items():
+            result[protocol] = []
+            for c in concurrency:
+                row = paired_level(session, card, best.batch, load, c, args.rounds, args.duration / args.rounds)
+                result[protocol].append(row)
+                print(
+                    f"  {protocol} concurrency {c:3d}: {row.throughput:9.1f} img/s  p50 {row.p50_ms:8.2f} ms  "
+                    f"(raw alongside {row.raw_throughput:.1f} img/s)",
+                    flush=True,
+                )
         result["server_peak_rss_mib"] = peak_rss_mib(server.pid)
     finally:
         server.terminate()
@@ -410,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(report(result))
     if args.json:
-        rows = {key: [asdict(r) for r in result[key]] for key in ("raw", "http")}
+        rows = {key: [asdict(r) for r in result[key]] for key in ("raw", "http", "grpc") if key in result}
         args.json.write_text(json.dumps({**result, **rows}, indent=2))
 
 

@@ -20,13 +20,14 @@ def test_benchmark_prints_raw_and_service_tables(
             "--concurrency", "1,4", "--duration", "0.4", "--rounds", "2", "--json", str(out)]  # fmt: skip
     benchmark.main(args)
     text = capsys.readouterr().out
-    assert "| raw ONNX Runtime batch |" in text and "service concurrency" in text
-    assert "concurrency 1: service p50" in text
+    assert "| raw ONNX Runtime batch |" in text and "| HTTP concurrency |" in text and "| gRPC concurrency |" in text
+    assert "HTTP, concurrency 1: service p50" in text and "gRPC, concurrency 1: service p50" in text
     result = json.loads(out.read_text())
     assert [r["batch"] for r in result["raw"]] == [1, 4]
     assert result["command"].startswith("python -m service.benchmark --model-repository") and result["produced_at"]
-    assert [h["concurrency"] for h in result["http"]] == [1, 4]
-    assert all(h["errors"] == 0 and h["throughput"] > 0 for h in result["http"])
+    for protocol in ("http", "grpc"):
+        assert [h["concurrency"] for h in result[protocol]] == [1, 4]
+        assert all(h["errors"] == 0 and h["throughput"] > 0 for h in result[protocol])
     if os.path.exists("/proc/self/status"):
         assert result["server_peak_rss_mib"] > 10
         assert "peak resident memory" in text

@@ -367,3 +367,33 @@ def test_bearer_token_guards_inference_not_health(model_repository: Path) -> Non
         with grpc.insecure_channel(target) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_committed_descriptor_is_the_compiled_proto(tmp_path: Path) -> None:
+    """`make proto` was run after the last edit of the .proto (the service loads the descriptor, not the .proto)."""
+    from google.protobuf import descriptor_pb2
+    from grpc_tools import protoc
+
+    out = tmp_path / "compiled.binpb"
+    args = ["protoc", f"-I{protocol.PROTO_FILE.parent}", f"--descriptor_set_out={out}", str(protocol.PROTO_FILE)]
+    assert protoc.main(args) == 0
+    compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    committed = descriptor_pb2.FileDescriptorSet.FromString(protocol.DESCRIPTOR_FILE.read_bytes())
+    assert compiled == committed, "service/grpc/grpc_predict_v2.binpb is stale: run `make proto`"
+
+
+def test_messages_match_the_stock_client_field_by_field() -> None:
+    """Every field of our messages has the number, type and cardinality of tritonclient's (the same protocol)."""
+
+    def fields(descriptor: Any, prefix: str = "") -> dict[str, tuple[int, int, bool]]:
+        found = {f"{prefix}{f.name}": (f.number, f.type, f.is_repeated) for f in descriptor.fields}
+        for nested in descriptor.nested_types:
+            found.update(fields(nested, f"{prefix}{nested.name}."))
+        return found
+
+    for method in protocol.SERVICE.methods:
+        theirs = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name[method.name]
+        for ours, stock in ((method.input_type, theirs.input_type), (method.output_type, theirs.output_type)):
+            assert ours.full_name == stock.full_name
+            mine = fields(ours)
+            assert mine == {k: v for k, v in fields(stock).items() if k in mine}, ours.full_name
