@@ -216,7 +216,7 @@ def test_sigterm_drains_grpc_calls_and_exits_zero(
         async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             infer = protocol.client_method(channel, "ModelInfer")
             calls = [asyncio.ensure_future(infer(message, timeout=SHUTDOWN_TIMEOUT_S + 30)) for _ in range(BURST)]
-            await asyncio.sleep(0.5)  # every call queued in the open batch
+            await asyncio.sleep(1.0)  # every call received and queued in the batch held open for QUEUE_DELAY_MS
             pending = sum(not c.done() for c in calls)
             proc.send_signal(signal.SIGTERM)
             terminated = time.monotonic()
