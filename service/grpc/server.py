@@ -112,7 +112,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 return await behavior(request, context)
             except ServiceError as e:
                 code, trailing = grpc_status(e)
-                if code is grpc.StatusCode.INTERNAL or code is grpc.StatusCode.UNAVAILABLE:
+                if e.status >= 500:  # as the HTTP error handlers log them
                     logger.warning("%s -> %s: %s", method, code.name, e.message)
                 await context.abort(code, e.message, trailing_metadata=trailing)
             except asyncio.CancelledError:
