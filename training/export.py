@@ -45,6 +45,7 @@ from training.onnx_eval import (
     make_session,
     sha256_file,
 )
+from training.rebuild import export_from_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,12 @@ ARTIFACTS = (CAPSNET_ONNX, DECODER_ONNX, TORCHSCRIPT, PROGRAM, DECODER_PROGRAM)
 DEFAULT_OPSET = 18
 MIN_OPSET = 18
 CONTROL_FLOW_OPS = frozenset({"Loop", "If", "Scan"})
-TOLERANCES: dict[str, float] = {"scores": 1e-4, "poses": 1e-4, "reconstruction": 1e-3}  # max abs difference, by role
+TOLERANCES: dict[str, float] = {
+    "scores": 1e-4,
+    "poses": 1e-4,
+    "reconstruction": 1e-3,
+    "explanation": 1e-3,
+}  # max abs difference, by role
 VERIFY_BATCHES = (1, 64)
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -550,7 +556,14 @@ def _card(
         },
         "classes": [str(k) for k in range(num_classes)],
         "outputs": [
-            {"name": o.name, "shape": _shape(a), "datatype": "FP32", "role": o.role, "description": o.description}
+            {
+                "name": o.name,
+                "shape": _shape(a),
+                "datatype": "FP32",
+                "role": o.role,
+                "description": o.description,
+                **o.attributes,
+            }
             for o, a in zip(spec.outputs, outputs, strict=True)
         ],
         "scores": {"output": spec.outputs[roles.index("scores")].name, "kind": spec.scores_kind},
@@ -692,14 +705,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export a training checkpoint to a verified model directory (ONNX graphs, TorchScript twin, "
         "model.json); prints a JSON summary.",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="training checkpoint (.pt) written by capsnet-train")
+    p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="training checkpoint (.pt) written by capsnet-train")
+    p.add_argument(
+        "--from-model-dir",
+        metavar="DIR",
+        default=None,
+        help="instead of CKPT: rebuild the PyTorch model from an exported model directory's graphs, check that it "
+        "reproduces them, and export it again (keeps the card's training record; version + 1) (default: off)",
+    )
     p.add_argument("--out", required=True, help="model directory to write, e.g. model/zoo/capsnet-mnist (required)")
     p.add_argument(
         "--name",
         default=None,
         help="model name, [a-z0-9][a-z0-9._-]*; must equal the name of --out (default: the name of --out)",
     )
-    p.add_argument("--version", default="1", help="model version written to the card (default: 1)")
+    p.add_argument(
+        "--version",
+        default=None,
+        help="model version written to the card (default: 1; with --from-model-dir the old version + 1)",
+    )
     p.add_argument(
         "--data-dir",
         default=None,
@@ -736,18 +760,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.checkpoint is None) == (args.from_model_dir is None):
+        parser.error("give either a checkpoint CKPT or --from-model-dir DIR")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
     name = args.name or out.resolve().name
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            card = export_checkpoint(
-                args.checkpoint, Path(tmp) / name if args.dry_run else out,
-                name=name, data_dir=args.data_dir,
-                evaluate=not (args.dry_run or args.no_evaluate), opset=args.opset,
-                torchscript=not args.no_torchscript, pt2=args.pt2, version=args.version, seed=args.seed,
-            )  # fmt: skip
+            target = Path(tmp) / name if args.dry_run else out
+            evaluate = not (args.dry_run or args.no_evaluate)
+            options = dict(opset=args.opset, torchscript=not args.no_torchscript, pt2=args.pt2, seed=args.seed)
+            if args.from_model_dir is not None:
+                split = _test_split(args.data_dir, required=evaluate)
+                card = export_from_model_dir(
+                    args.from_model_dir, target, name=name, test=split, evaluate=evaluate, version=args.version,
+                    **options,
+                )  # fmt: skip
+            else:
+                card = export_checkpoint(
+                    args.checkpoint, target, name=name, data_dir=args.data_dir, evaluate=evaluate,
+                    version=args.version or "1", **options,
+                )  # fmt: skip
     except (ValueError, FileNotFoundError) as e:  # ExportError, IDXError and checkpoint errors are ValueErrors
         print(f"capsnet-export: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ Options go in the query string; images in the body (multipart files or JSON, see
 """
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -28,7 +28,7 @@ from service.api.schemas import (
     ReconstructResponse,
     TopK,
 )
-from service.core.errors import InvalidInput
+from service.core.errors import InvalidInput, ModelCapabilityError, OutOfDistribution
 from service.imaging import array_to_png
 from service.runtime.batcher import Tensors
 from service.runtime.card import ModelCard
@@ -43,7 +43,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "invalid input (bad image, malformed JSON or base64, bad option)",
         404: "unknown model",
-        409: "the model cannot do this (no decoder)",
+        409: "the model cannot do this (no decoder, no explanation output, no ood calibration)",
         413: "body, image or image count over the limit",
         415: "unsupported content type or image format",
         503: "model not ready, overloaded or shutting down (with Retry-After)",
@@ -102,6 +102,23 @@ FormatQuery = Annotated[Format, Query(description="json: arrays in [0, 1]; png: 
 IncludeInputQuery = Annotated[
     bool, Query(description="also return the (height × width) array the model received, e.g. 28×28")
 ]
+RejectOODQuery = Annotated[
+    bool,
+    Query(
+        description="answer 422 instead of a class when any image is not a digit (out of distribution by the "
+        "model card's calibrated score); needs a calibrated model"
+    ),
+]
+OOD_ERRORS: dict[int | str, dict[str, Any]] = {
+    422: {"model": ErrorV1, "description": "reject_ood=true and an image is out of distribution (not a digit)"}
+}
+
+
+class Classified(NamedTuple):
+    card: ModelCard
+    info: list[InputInfo]
+    outputs: Tensors
+    images: np.ndarray  # (N, *image_shape): what the model received
 
 
 def rounded(a: np.ndarray) -> Any:
@@ -122,7 +139,38 @@ def check_class(card: ModelCard, class_index: int | None) -> None:
         )
 
 
-def prediction(card: ModelCard, scores: np.ndarray, info: InputInfo, index: int, top_k: int) -> Prediction:
+def assess_ood(classified: Classified, reject: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ood_score (N,), in_distribution (N,)) from the card's calibration, or None without one; with `reject`,
+    an OutOfDistribution error naming the first rejected image."""
+    card, _, outputs, images = classified
+    calibration = card.ood_calibration
+    if calibration is None:
+        if reject:
+            raise ModelCapabilityError(
+                f"model {card.name!r} has no 'not a digit' calibration (its card has no ood object), so it cannot "
+                "reject out-of-distribution images; omit reject_ood"
+            )
+        return None
+    reconstruction = outputs[card.output_for("reconstruction").name] if calibration.needs_reconstruction else None
+    score, accepted = calibration.assess(images, outputs[card.scores.output], reconstruction)
+    if reject and not accepted.all():
+        bad = [int(i) for i in np.flatnonzero(~accepted)]
+        raise OutOfDistribution(
+            f"{len(bad)} of {len(images)} images are not digits by model {card.name!r}'s calibrated score "
+            f"(image {bad[0]}: ood_score {score[bad[0]]:.3f} > threshold {calibration.threshold:.3f}); "
+            "send reject_ood=false to classify them anyway"
+        )
+    return score, accepted
+
+
+def prediction(
+    card: ModelCard,
+    scores: np.ndarray,
+    info: InputInfo,
+    index: int,
+    top_k: int,
+    ood: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Prediction:
     probs = probabilities(scores)
     order = np.argsort(-scores, kind="stable")[:top_k]
     best = int(order[0])
@@ -143,19 +191,21 @@ def prediction(card: ModelCard, scores: np.ndarray, info: InputInfo, index: int,
             for c in order
         ],
         preprocessing=info,
+        ood_score=None if ood is None else round(float(ood[0][index]), DECIMALS),
+        in_distribution=None if ood is None else bool(ood[1][index]),
     )
 
 
 async def classify_images(
     request: Request, model: ServedModel, settings: SettingsDep, options: PreprocessOptions, include_input: bool
-) -> tuple[ModelCard, list[InputInfo], Tensors]:
+) -> Classified:
     card = model.require_ready()
     batch = await read_images(request, card, settings, options)
     outputs = await model.infer(batch.array)
     if include_input:
         for info, image in zip(batch.info, batch.array, strict=True):
             info.input = rounded(image_2d(card, image))
-    return card, batch.info, outputs
+    return Classified(card, batch.info, outputs, batch.array)
 
 
 def one_hot(classes: np.ndarray, k: int) -> np.ndarray:
@@ -183,7 +233,7 @@ def add_inference_routes(
         f"{prefix}/classify",
         operation_id=f"classify_{suffix}",
         summary=f"Classify images with {which}",
-        responses=ERRORS,
+        responses={**ERRORS, **OOD_ERRORS},
         openapi_extra=IMAGES_BODY,
     )
     async def classify(
@@ -193,25 +243,28 @@ def add_inference_routes(
         options: OptionsDep,
         top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = 3,
         include_input: IncludeInputQuery = False,
+        reject_ood: RejectOODQuery = False,
     ) -> ClassifyResponse:
         """Per image: the predicted class and label, the per-class scores (capsule lengths, the paper's presence
         probabilities), `probabilities` = scores / sum(scores), and the top-k classes."""
         card = model.require_ready()
         if top_k > len(card.classes):
             raise InvalidInput(f"top_k {top_k} is larger than the {len(card.classes)} classes of model {card.name!r}")
-        card, info, outputs = await classify_images(request, model, settings, options, include_input)
+        classified = await classify_images(request, model, settings, options, include_input)
+        card, info, outputs, _ = classified
+        ood = assess_ood(classified, reject_ood)
         scores = outputs[card.scores.output]
         return ClassifyResponse(
             model=card.name,
             model_version=card.version,
-            predictions=[prediction(card, scores[i], info[i], i, top_k) for i in range(len(info))],
+            predictions=[prediction(card, scores[i], info[i], i, top_k, ood) for i in range(len(info))],
         )
 
     @router.post(
         f"{prefix}/capsules",
         operation_id=f"capsules_{suffix}",
         summary=f"Capsule poses (instantiation parameters) from {which}",
-        responses=ERRORS,
+        responses={**ERRORS, **OOD_ERRORS},
         openapi_extra=IMAGES_BODY,
     )
     async def capsules(
@@ -220,14 +273,17 @@ def add_inference_routes(
         settings: SettingsDep,
         options: OptionsDep,
         include_input: IncludeInputQuery = False,
+        reject_ood: RejectOODQuery = False,
     ) -> CapsulesResponse:
         """Per image: every class's pose (10×16 for dynamic routing, 10×4×4 for EM), the scores, and the
         predicted class's pose as `predicted_pose`."""
-        card, info, outputs = await classify_images(request, model, settings, options, include_input)
+        classified = await classify_images(request, model, settings, options, include_input)
+        card, info, outputs, _ = classified
+        ood = assess_ood(classified, reject_ood)
         scores, poses = outputs[card.scores.output], outputs[card.output_for("poses").name]
         results = []
         for i in range(len(info)):
-            p = prediction(card, scores[i], info[i], i, len(card.classes))
+            p = prediction(card, scores[i], info[i], i, len(card.classes), ood)
             results.append(
                 CapsuleResult(
                     **p.model_dump(), poses=rounded(poses[i]), predicted_pose=rounded(poses[i, p.predicted_class])
@@ -256,7 +312,7 @@ def add_inference_routes(
         """Decode each image's capsule of the predicted class (or of `class`). `format=png` takes one image."""
         card = model.require_decoder()
         check_class(card, class_index)
-        card, info, outputs = await classify_images(request, model, settings, options, False)
+        card, info, outputs, _ = await classify_images(request, model, settings, options, False)
         if format == "png" and len(info) != 1:
             raise InvalidInput(f"format=png returns one image but the request has {len(info)}; use format=json")
         predicted = outputs[card.scores.output].argmax(axis=1)
@@ -304,7 +360,7 @@ def add_inference_routes(
         card = model.require_decoder()
         check_class(card, class_index)
         deltas = perturbation_deltas(low, high, step)
-        card, info, outputs = await classify_images(request, model, settings, options, False)
+        card, info, outputs, _ = await classify_images(request, model, settings, options, False)
         if len(info) != 1:
             raise InvalidInput(f"perturb takes one image, the request has {len(info)}")
         predicted = int(outputs[card.scores.output][0].argmax())
