@@ -36,3 +36,7 @@ def evaluate() -> int:
 
 def export() -> int:
     return _run("training.export", "capsnet-export")
+
+
+def ood() -> int:
+    return _run("training.ood", "capsnet-ood")

@@ -25,7 +25,7 @@ CANVAS = 112  # side of the drawing canvas for strokes and letters
 FIELD = 64  # side of the blank, near-blank and texture canvases
 
 
-class FontMissing(RuntimeError):
+class FontMissing(FileNotFoundError):
     """The DejaVu fonts are not installed."""
 
 
