@@ -433,8 +433,8 @@ class Explanation(BaseModel):
         description="routing map over the PrimaryCaps grid: Σ over capsule types of c_ij·|û_j|i| (6×6 for MNIST)"
     )
     heatmap: list[list[float]] = Field(
-        description="the grid spread over the input: each cell's weight divided evenly over its receptive field "
-        "(weight / size² per pixel), so it sums to the grid's total; the model's input height × width"
+        description="the grid mapped onto the input (the model's input height × width): each pixel gets the mean "
+        "weight of the grid cells whose receptive field contains it (0 where no cell sees it)"
     )
     preprocessing: InputInfo
 

@@ -67,7 +67,7 @@ def test_infer_returns_every_output_exactly(client: TestClient, model_repository
     assert list(body) == ["model_name", "model_version", "id", "outputs"]
     assert (body["model_name"], body["model_version"], body["id"]) == (TINY, "1", "req-7")
     expected = run_graph(model_repository, TINY, "capsnet.onnx", {"image": IMAGES})
-    assert [o["name"] for o in body["outputs"]] == ["lengths", "poses", "reconstruction"]
+    assert [o["name"] for o in body["outputs"]] == ["lengths", "poses", "reconstruction", "explanation"]
     for out in body["outputs"]:
         assert out["datatype"] == "FP32"
         assert out["shape"] == list(expected[out["name"]].shape)

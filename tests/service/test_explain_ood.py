@@ -84,10 +84,22 @@ def test_explain_json_is_the_graph_map_of_the_predicted_class(client: TestClient
         np.testing.assert_allclose(grid, want["explanation"][i, predicted], atol=ATOL)
         heat = np.array(item["heatmap"])
         assert heat.shape == (28, 28)
-        assert heat.sum() == pytest.approx(grid.sum(), abs=1e-3)  # spreading keeps the total
+        assert grid.min() - ATOL <= heat[:-1, :-1].min() and heat.max() <= grid.max() + ATOL  # means of cells
         np.testing.assert_allclose(heat, input_heatmap(grid, field["size"], field["stride"], (28, 28)), atol=ATOL)
         share = want["explanation"][i, predicted].sum() / want["explanation"][i].sum()
         assert item["share"] == pytest.approx(share, abs=1e-5)
+
+
+def test_heatmap_is_the_mean_of_the_cells_that_see_each_pixel() -> None:
+    flat = input_heatmap(np.full((6, 6), 2.0), 17, 2, (28, 28))
+    np.testing.assert_array_equal(flat[:27, :27], 2.0)  # a uniform grid draws a uniform map
+    assert not flat[27].any() and not flat[:, 27].any()  # no cell sees the last row and column
+    one = np.zeros((6, 6))
+    one[0, 0] = 1.0
+    heat = input_heatmap(one, 17, 2, (28, 28))
+    assert heat[0, 0] == 1.0 and heat[0, 1] == 1.0  # only cell (0, 0) sees pixel (0, 0) and (0, 1)
+    assert heat[2, 2] == pytest.approx(1 / 4)  # cells (0, 0), (0, 1), (1, 0), (1, 1) see pixel (2, 2)
+    assert heat[16, 16] == pytest.approx(1 / 36) and heat[17, 17] == 0.0
 
 
 def test_explain_a_requested_class_on_the_default_route(client: TestClient, model_repository: Path) -> None:
@@ -208,7 +220,7 @@ def test_reject_ood_answers_422_naming_the_image(ood_client: TestClient, calibra
     assert r.status_code == 422
     assert r.json()["type"] == "out_of_distribution"
     message = r.json()["error"]
-    assert message.startswith(f"1 of 2 images are not digits by model {CALIBRATED!r}'s calibrated score (image 1:")
+    assert message.startswith(f"1 of 2 images are not digits by the calibrated score of model {CALIBRATED!r} (image 1:")
     assert f"> threshold {threshold:.3f}); send reject_ood=false to classify them anyway" in message
 
 

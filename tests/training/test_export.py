@@ -110,7 +110,9 @@ def test_card_describes_the_model(tiny: CapsNet, exported: tuple[Path, dict[str,
         ("lengths", [-1, 10], "scores", "FP32"),
         ("poses", [-1, 10, 8], "poses", "FP32"),
         ("reconstruction", [-1, 1, 28, 28], "reconstruction", "FP32"),
+        ("explanation", [-1, 10, 6, 6], "explanation", "FP32"),
     ]
+    assert card["outputs"][-1]["receptive_field"] == {"size": 17, "stride": 2}
     assert all(o["description"] for o in card["outputs"])
     assert card["scores"] == {"output": "lengths", "kind": "capsule_length"}
     assert card["pose_shape"] == [8]
@@ -127,8 +129,10 @@ def test_card_describes_the_model(tiny: CapsNet, exported: tuple[Path, dict[str,
 
 def test_card_records_parity_within_tolerance(exported: tuple[Path, dict[str, Any]]) -> None:
     parity = exported[1]["export"]["parity"]
-    assert parity["tolerance"] == {"scores": 1e-4, "poses": 1e-4, "reconstruction": 1e-3}
-    tolerance = {"lengths": 1e-4, "poses": 1e-4, "reconstruction": 1e-3, "decode.reconstruction": 1e-3}
+    assert parity["tolerance"] == {"scores": 1e-4, "poses": 1e-4, "reconstruction": 1e-3, "explanation": 1e-3}
+    tolerance = {
+        "lengths": 1e-4, "poses": 1e-4, "reconstruction": 1e-3, "explanation": 1e-3, "decode.reconstruction": 1e-3,
+    }  # fmt: skip
     for file in ("capsnet.onnx", "decoder.onnx", "capsnet.ts"):
         assert set(parity[file]) == {"batch_1", "batch_64"}
         for diffs in parity[file].values():
@@ -139,7 +143,7 @@ def test_card_records_parity_within_tolerance(exported: tuple[Path, dict[str, An
 @pytest.mark.parametrize(
     ("file", "inputs", "outputs"),
     [
-        ("capsnet.onnx", ["image"], ["lengths", "poses", "reconstruction"]),
+        ("capsnet.onnx", ["image"], ["lengths", "poses", "reconstruction", "explanation"]),
         ("decoder.onnx", ["poses", "mask"], ["reconstruction"]),
     ],
 )
@@ -267,7 +271,9 @@ def test_a_corrupted_file_is_refused_with_a_clear_message(
 def test_a_parity_failure_raises_and_writes_nothing(
     tiny: CapsNet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(export, "TOLERANCES", {"scores": -1.0, "poses": 1e-4, "reconstruction": 1e-3})
+    monkeypatch.setattr(
+        export, "TOLERANCES", {"scores": -1.0, "poses": 1e-4, "reconstruction": 1e-3, "explanation": 1e-3}
+    )
     (tmp_path / "zoo").mkdir()
     out = tmp_path / "zoo" / "broken"
     with pytest.raises(
@@ -286,11 +292,11 @@ def test_a_model_without_decoder_exports_no_decoder_and_replaces_stale_files(
     torch.manual_seed(1)
     model = CapsNet(CapsNetConfig.tiny(use_decoder=False))
     card = export_module(model, "dynamic", model.cfg.to_dict(), out, name="tiny-capsnet", torchscript=False)
-    assert card["decoder"] is None and [o["name"] for o in card["outputs"]] == ["lengths", "poses"]
+    assert card["decoder"] is None and [o["name"] for o in card["outputs"]] == ["lengths", "poses", "explanation"]
     assert sorted(p.name for p in out.iterdir()) == ["capsnet.onnx", "model.json"], (
         "stale decoder.onnx and capsnet.ts go"
     )
-    assert [o.name for o in onnx.load(str(out / "capsnet.onnx")).graph.output] == ["lengths", "poses"]
+    assert [o.name for o in onnx.load(str(out / "capsnet.onnx")).graph.output] == ["lengths", "poses", "explanation"]
 
 
 def test_an_architecture_without_export_spec_is_refused(

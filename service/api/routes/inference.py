@@ -156,7 +156,7 @@ def assess_ood(classified: Classified, reject: bool) -> tuple[np.ndarray, np.nda
     if reject and not accepted.all():
         bad = [int(i) for i in np.flatnonzero(~accepted)]
         raise OutOfDistribution(
-            f"{len(bad)} of {len(images)} images are not digits by model {card.name!r}'s calibrated score "
+            f"{len(bad)} of {len(images)} images are not digits by the calibrated score of model {card.name!r} "
             f"(image {bad[0]}: ood_score {score[bad[0]]:.3f} > threshold {calibration.threshold:.3f}); "
             "send reject_ood=false to classify them anyway"
         )
