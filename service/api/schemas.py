@@ -267,6 +267,8 @@ class ModelSummary(BaseModel):
     classes: list[str] | None
     pose_shape: list[int] | None
     has_decoder: bool
+    has_explanation: bool = Field(default=False, description="the graph has a routing-map output: /explain works")
+    ood_calibrated: bool = Field(default=False, description="the card has a 'not a digit' calibration")
     execution_provider: str | None
 
 
@@ -288,6 +290,8 @@ class ModelList(BaseModel):
                             "classes": [str(c) for c in range(10)],
                             "pose_shape": [16],
                             "has_decoder": True,
+                            "has_explanation": True,
+                            "ood_calibrated": True,
                             "execution_provider": "CPUExecutionProvider",
                         }
                     ],

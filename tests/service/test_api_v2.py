@@ -54,6 +54,7 @@ def test_model_metadata(client: TestClient) -> None:
             {"name": "lengths", "datatype": "FP32", "shape": [-1, 10]},
             {"name": "poses", "datatype": "FP32", "shape": [-1, 10, 8]},
             {"name": "reconstruction", "datatype": "FP32", "shape": [-1, 1, 28, 28]},
+            {"name": "explanation", "datatype": "FP32", "shape": [-1, 10, 6, 6]},
         ],
         "parameters": {"execution_provider": "CPUExecutionProvider", "architecture": "dynamic"},
     }
@@ -152,7 +153,7 @@ def test_binary_tensor_extension(client: TestClient, model_repository: Path) -> 
         ({"inputs": infer_body()["inputs"] * 2}, "inputs ['image', 'image'] name a tensor more than once"),
         (
             infer_body(outputs=[{"name": "logits"}]),
-            "unknown output 'logits'; model 'tiny' has outputs ['lengths', 'poses', 'reconstruction']",
+            "unknown output 'logits'; model 'tiny' has outputs ['lengths', 'poses', 'reconstruction', 'explanation']",
         ),
         ({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32"}]}, "input 'image' has no data"),
         ({"outputs": []}, "invalid request body: inputs: Field required"),

@@ -182,9 +182,11 @@ def test_metadata_props_carry_the_card_without_files(exported: tuple[Path, dict[
 def test_onnx_runtime_matches_pytorch(tiny: CapsNet, exported: tuple[Path, dict[str, Any]], batch: int) -> None:
     images = random_images(batch)
     with torch.no_grad():
-        ref = tiny(torch.from_numpy(images))
-    lengths, poses, recon = session(exported[0] / "capsnet.onnx").run(None, {"image": images})
+        ref, routing = tiny.explain(torch.from_numpy(images))
+    lengths, poses, recon, explanation = session(exported[0] / "capsnet.onnx").run(None, {"image": images})
     assert lengths.shape == (batch, 10) and poses.shape == (batch, 10, 8) and recon.shape == (batch, 1, 28, 28)
+    assert explanation.shape == (batch, 10, 6, 6)
+    assert np.abs(explanation - routing.numpy()).max() <= 1e-3
     assert np.abs(lengths - ref.lengths.numpy()).max() <= 1e-4
     assert np.abs(poses - ref.poses.numpy()).max() <= 1e-4
     assert np.abs(recon - ref.reconstruction.numpy().reshape(batch, 1, 28, 28)).max() <= 1e-3
@@ -195,7 +197,7 @@ def test_decoder_reconstructs_from_any_class_and_edited_poses(
 ) -> None:
     out = exported[0]
     images = random_images(8)
-    lengths, poses, recon = session(out / "capsnet.onnx").run(None, {"image": images})
+    lengths, poses, recon, _ = session(out / "capsnet.onnx").run(None, {"image": images})
     decoder = session(out / "decoder.onnx")
     own = np.eye(10, dtype=np.float32)[lengths.argmax(axis=1)]
     (same,) = decoder.run(None, {"poses": poses, "mask": own})
@@ -220,7 +222,8 @@ def test_torchscript_twin_matches_pytorch_and_carries_the_card(
     for batch in (1, 64):
         x = torch.from_numpy(random_images(batch, seed=batch))
         with torch.no_grad():
-            ref, (lengths, poses, recon) = tiny(x), twin(x)
+            ref, (lengths, poses, recon, explanation) = tiny(x), twin(x)
+            assert (explanation - tiny.explain(x)[1]).abs().max() <= 1e-3
             assert (lengths - ref.lengths).abs().max() <= 1e-4 and (poses - ref.poses).abs().max() <= 1e-4
             assert (recon.flatten(1) - ref.reconstruction).abs().max() <= 1e-3
             mask = torch.eye(10)[torch.arange(batch) % 10]
@@ -242,7 +245,8 @@ def test_pt2_programs_match_pytorch_at_any_batch_and_carry_the_card(tiny: CapsNe
     for batch in (1, 3, 64):  # 3 was never seen at export: the batch axis is symbolic
         x = torch.from_numpy(random_images(batch, seed=batch))
         with torch.no_grad():
-            ref, (lengths, poses, recon) = tiny(x), forward(x)
+            ref, (lengths, poses, recon, explanation) = tiny(x), forward(x)
+            assert (explanation - tiny.explain(x)[1]).abs().max() <= 1e-3
             assert (lengths - ref.lengths).abs().max() <= 1e-4 and (poses - ref.poses).abs().max() <= 1e-4
             assert (recon.flatten(1) - ref.reconstruction).abs().max() <= 1e-3
             mask = torch.eye(10)[torch.arange(batch) % 10]
