@@ -20,6 +20,7 @@ from tests.conftest import synthetic_digits
 from tests.service.conftest import EM_LIKE, TINY
 
 CALIBRATED = "tiny-ood"
+EM_CALIBRATED = "tiny-em-ood"  # no decoder: calibrated on winning activation, margin and ink
 ATOL = 1e-5
 
 
@@ -41,17 +42,18 @@ def sample_images(n: int = 3) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def calibrated_repository(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny-ood: the tiny model calibrated on 64 synthetic digits (threshold at their 80th percentile)."""
+    """tiny-ood and tiny-em-ood: tiny and tiny-em calibrated on 64 synthetic digits (threshold: 80th percentile)."""
     from training.ood import ModelOutputs, _write_card, calibrate
 
     root = tmp_path_factory.mktemp("calibrated")
-    directory = root / CALIBRATED
-    shutil.copytree(model_repository / TINY, directory)
-    card = json.loads((directory / "model.json").read_text())
-    (directory / "model.json").write_text(json.dumps({**card, "name": CALIBRATED}))
     images, _ = synthetic_digits(64, seed=0)
-    features, _ = ModelOutputs(directory).features((images / 255.0).astype(np.float32).reshape(-1, 1, 28, 28))
-    _write_card(directory, calibrate(features, 80.0, "64 synthetic digits", 0.99))
+    for source, name in ((TINY, CALIBRATED), (EM_LIKE, EM_CALIBRATED)):
+        directory = root / name
+        shutil.copytree(model_repository / source, directory)
+        card = json.loads((directory / "model.json").read_text())
+        (directory / "model.json").write_text(json.dumps({**card, "name": name}))
+        features, _ = ModelOutputs(directory).features((images / 255.0).astype(np.float32).reshape(-1, 1, 28, 28))
+        _write_card(directory, calibrate(features, 80.0, "64 synthetic digits", 0.99))
     return root
 
 
@@ -241,3 +243,25 @@ def test_explanation_receptive_field_is_checked(model_repository: Path) -> None:
     explanation["receptive_field"] = {"size": 40, "stride": 2}
     with pytest.raises(CardError, match=r"receptive field .* exceeds the input"):
         parse_card(card)
+
+
+def test_a_model_without_decoder_is_scored_on_its_activations(
+    ood_client: TestClient, calibrated_repository: Path
+) -> None:
+    card = json.loads((calibrated_repository / EM_CALIBRATED / "model.json").read_text())
+    assert [f["name"] for f in card["ood"]["features"]] == ["winning_score", "margin", "ink"]
+    calibration = OODCalibration.from_card(card["ood"])
+    images = np.concatenate([sample_images(2), np.zeros((1, 1, 28, 28), np.float32)])
+    out = graph_outputs(calibrated_repository / EM_CALIBRATED, images)
+    score = calibration.score(image_features(images, out["activations"], None))
+    items = ood_client.post(f"/v1/models/{EM_CALIBRATED}/classify", json=body(*images)).json()["predictions"]
+    assert [i["ood_score"] for i in items] == pytest.approx(score.tolist(), abs=1e-5)
+    assert items[-1]["in_distribution"] is False
+    r = ood_client.post(f"/v1/models/{EM_CALIBRATED}/explain", json=body(images[0]))
+    assert r.status_code == 409
+
+
+def test_models_list_says_what_each_model_can_do(ood_client: TestClient) -> None:
+    models = {m["name"]: m for m in ood_client.get("/v1/models").json()["models"]}
+    assert models[CALIBRATED]["has_explanation"] is True and models[CALIBRATED]["ood_calibrated"] is True
+    assert models[EM_CALIBRATED]["has_explanation"] is False and models[EM_CALIBRATED]["ood_calibrated"] is True
