@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from service.runtime.ood import OODCalibration, image_features
+from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
 from training.data import load_split, to_float
 from training.nondigits import NONDIGIT_SETS, make_set
 from training.onnx_eval import CARD_FILE, check_model_dir, make_session
@@ -27,13 +27,6 @@ from training.onnx_eval import CARD_FILE, check_model_dir, make_session
 log = logging.getLogger(__name__)
 
 REPORT_JSON = Path("docs/report/ood.json")
-TAILS = {  # which way each feature points away from digits
-    "distance": "upper",
-    "relative_distance": "upper",
-    "winning_score": "lower",
-    "margin": "lower",
-    "ink": "both",
-}
 TAIL_LEVELS = 40  # quantile levels spaced geometrically in each tail
 MIDDLE_LEVELS = 99  # quantile levels spaced evenly between the tails
 DEFAULT_REFERENCE = 5000
@@ -80,7 +73,7 @@ def calibrate(features: dict[str, np.ndarray], percentile: float, description: s
     n = len(next(iter(features.values())))
     levels = quantile_levels(n)
     entries = [
-        {"name": name, "tail": TAILS[name], "values": [float(v) for v in np.quantile(values, levels)]}
+        {"name": name, "tail": FEATURE_TAILS[name], "values": [float(v) for v in np.quantile(values, levels)]}
         for name, values in features.items()
     ]
     ood: dict[str, Any] = {

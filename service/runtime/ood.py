@@ -18,7 +18,13 @@ import numpy as np
 
 Tail = Literal["upper", "lower", "both"]
 TAILS = ("upper", "lower", "both")
-FEATURES = ("distance", "relative_distance", "winning_score", "margin", "ink")
+FEATURE_TAILS: dict[str, Tail] = {  # each feature and the way it points away from digits
+    "distance": "upper",
+    "relative_distance": "upper",
+    "winning_score": "lower",
+    "margin": "lower",
+    "ink": "both",
+}
 NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relative_distance
 
 
@@ -78,7 +84,7 @@ class OODCalibration:
         features = []
         for entry in ood["features"]:
             values = np.asarray(entry["values"], dtype=np.float64)
-            if entry["name"] not in FEATURES or entry["tail"] not in TAILS:
+            if entry["name"] not in FEATURE_TAILS or entry["tail"] not in TAILS:
                 raise ValueError(f"unknown feature {entry['name']!r} or tail {entry['tail']!r}")
             if values.shape != levels.shape or np.any(np.diff(values) < 0):
                 raise ValueError(f"{entry['name']}: values must be {len(levels)} increasing numbers, one per level")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.runtime.ood import FeatureReference, OODCalibration
+from service.runtime.ood import FEATURE_TAILS, FeatureReference, OODCalibration
 from tests.conftest import write_mnist_dir
 from training import ood
 from training.nondigits import FONT_PACKAGE, NONDIGIT_SETS, FontMissing, font_paths, make_set
@@ -80,13 +80,13 @@ def test_feature_tails() -> None:
 
 def test_calibration_accepts_its_percentile_of_the_reference() -> None:
     rng = np.random.default_rng(0)
-    features = {name: rng.normal(size=2000) for name in ood.TAILS}
+    features = {name: rng.normal(size=2000) for name in FEATURE_TAILS}
     card = ood.calibrate(features, 95.0, "test", 0.99)
     assert json.loads(json.dumps(card)) == card  # the card's object is plain JSON
     calibration = OODCalibration.from_card(card)
     accepted = calibration.score(features) <= calibration.threshold
     assert accepted.mean() == pytest.approx(0.95, abs=0.01)
-    assert {f.name: f.tail for f in calibration.features} == ood.TAILS
+    assert {f.name: f.tail for f in calibration.features} == FEATURE_TAILS
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import SettingsDep, default_model, named_model
 from service.api.routes.inference import (
+    DECIMALS,
     ERRORS,
     IMAGES_BODY,
     PNG_RESPONSE,
@@ -100,7 +101,7 @@ def add_explain_routes(
                     class_=int(chosen[i]),
                     label=card.classes[int(chosen[i])],
                     predicted_class=int(predicted[i]),
-                    share=round(float(grids[i].sum() / totals[i]) if totals[i] > 0 else 0.0, 6),
+                    share=round(float(grids[i].sum() / totals[i]) if totals[i] > 0 else 0.0, DECIMALS),
                     grid=rounded(grids[i]),
                     heatmap=rounded(heat[i]),
                     preprocessing=info[i],
