@@ -52,6 +52,12 @@ class CapsNetConfig:
         return (self.conv1_size - self.primary_kernel) // self.primary_stride + 1
 
     @property
+    def primary_receptive_field(self) -> tuple[int, int]:
+        """(size, stride) in input pixels of a PrimaryCaps grid cell: cell (r, c) sees rows r*stride to
+        r*stride + size - 1 and the same columns (17 and 2 in the paper: conv1 9x9 stride 1, then 9x9 stride 2)."""
+        return self.conv1_kernel + self.primary_kernel - 1, self.primary_stride
+
+    @property
     def num_primary(self) -> int:
         """Number of primary capsules (1152 = 6x6x32 in the paper)."""
         return self.primary_grid**2 * self.primary_types

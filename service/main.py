@@ -24,7 +24,7 @@ from pydantic.json_schema import models_json_schema
 
 from service.api.deps import bearer_auth
 from service.api.middleware import ServiceMiddleware
-from service.api.routes import explorer, health, inference, metrics, models, v2
+from service.api.routes import explain, explorer, health, inference, metrics, models, v2
 from service.api.routes.docs import install_docs
 from service.api.schemas import DecodeRequest, ErrorV1, ErrorV2, ImagesRequest, InferenceRequest
 from service.core.auth import TokenStore
@@ -115,7 +115,7 @@ def include_routers(app: FastAPI, settings: Settings) -> None:
     too with `auth_metrics`. The explorer page, its static files and the API docs hold no data: always open."""
     auth = settings.auth_tokens_file is not None
     guard = [Security(bearer_auth)] if auth else []
-    for module, error in ((models, ErrorV1), (inference, ErrorV1), (v2, ErrorV2)):
+    for module, error in ((models, ErrorV1), (inference, ErrorV1), (explain, ErrorV1), (v2, ErrorV2)):
         unauthorized: dict[int | str, dict[str, Any]] = {401: {"model": error, "description": "no valid bearer token"}}
         app.include_router(module.router, dependencies=guard, responses=unauthorized if auth else None)
     app.include_router(metrics.router, dependencies=guard if settings.auth_metrics else [])
