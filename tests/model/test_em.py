@@ -107,7 +107,7 @@ def test_extreme_weights_stay_finite() -> None:
 
 def test_transform_is_the_matrix_product_of_pose_and_weight() -> None:
     m, w = torch.randn(2, 3, 5, 4, 16), torch.randn(6, 5, 4, 4, 4)
-    expected = torch.einsum("bpeixy,ceiyz->bpceixz", m.reshape(2, 3, 5, 4, 4, 4), w).reshape(2, 3, 6, 20, 16)
+    expected = torch.einsum("bpeixy,ceiyz->bpceixz", m.reshape(2, 3, 5, 4, 4, 4), w).reshape(2, 3, 6, 20, 4, 4)
     torch.testing.assert_close(transform(m, w), expected)
 
 
@@ -184,7 +184,8 @@ def test_routing_matches_a_direct_transcription_of_procedure_1(iterations: int) 
     a = torch.rand(n, dtype=torch.float64)
     beta_u, beta_a = torch.randn(c, dtype=torch.float64), torch.randn(c, dtype=torch.float64)
     geometry = RoutingGeometry.dense(child_positions=n, child_types=1, parent_types=c)
-    got_a, got_mu = em_routing(votes.transpose(0, 1)[None, None], a[None, None], beta_u, beta_a, geometry, cfg)
+    v = votes.transpose(0, 1).reshape(1, 1, c, n, 4, 4)
+    got_a, got_mu = em_routing(v, a[None, None], beta_u, beta_a, geometry, cfg)
     want_a, want_mu = reference_em(votes, a, beta_u, beta_a, cfg)
     torch.testing.assert_close(got_a[0, 0], want_a)
     torch.testing.assert_close(got_mu[0, 0], want_mu)
