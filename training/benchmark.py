@@ -3,6 +3,8 @@
     python -m training.benchmark [--device auto] [--train-steps 5] [--routing sabour]
 
 Prints the machine, then training images/s at batch 128 and inference images/s at batch 1 and 128.
+With --arch em it also prints `em_vs_dynamic`: EM and dynamic-routing training at batch 32 and their
+ONNX Runtime inference at batches 1..64, measured in the same run, with the ratios #12 sets targets for.
 """
 
 from __future__ import annotations
@@ -11,12 +13,18 @@ import argparse
 import json
 import os
 import platform
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 import torch
 
 from training.architectures import get_architecture
 from training.evaluate import resolve_device
+from training.onnx_eval import make_session
 from training.train import TrainConfig, model_config_for, use_amp
 
 
@@ -90,10 +98,59 @@ def time_inference(cfg: TrainConfig, device: torch.device, batch: int, seconds: 
     return done / (time.perf_counter() - start)
 
 
+ORT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+EM_TARGETS = {"train_ratio": 0.15, "onnx_ratio": 0.14}  # #12: EM / dynamic on the same machine
+
+
+def time_onnx(cfg: TrainConfig, batches: tuple[int, ...], seconds: float) -> dict[int, float]:
+    """ONNX Runtime images/s of the exported graph (the service's `capsnet.onnx`) at each batch size."""
+    from training.export import export_module  # onnx export machinery, only needed here
+
+    arch = get_architecture(cfg.arch)
+    model_cfg = model_config_for(cfg)
+    model = arch.build(model_cfg).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        export_module(model, cfg.arch, model_cfg, Path(tmp) / "model", name="bench", torchscript=False)
+        session = make_session(Path(tmp) / "model" / "capsnet.onnx")
+    name = session.get_inputs()[0].name
+    rates = {}
+    for batch in batches:
+        feed = {name: np.random.default_rng(0).random((batch, 1, 28, 28), dtype=np.float32)}
+        session.run(None, feed)
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            session.run(None, feed)
+            done += batch
+        rates[batch] = round(done / (time.perf_counter() - start), 1)
+    return rates
+
+
+def em_vs_dynamic(preset: str, device: torch.device, steps: int, seconds: float) -> dict[str, Any]:
+    """EM against the paper's dynamic CapsNet in one run: training at batch 32, ONNX Runtime at batches 1..64.
+
+    The dynamic model is the paper's (its tiny preset when `preset` is tiny, for smoke tests).
+    """
+    em = TrainConfig(arch="em", preset=preset, batch_size=32)
+    dynamic = TrainConfig(arch="dynamic", preset="tiny" if preset == "tiny" else "paper", batch_size=32)
+    train = {"em": time_training(em, device, steps), "dynamic": time_training(dynamic, device, steps)}
+    em_ort, dyn_ort = time_onnx(em, ORT_BATCHES, seconds), time_onnx(dynamic, (32,), seconds)
+    best = max(em_ort, key=lambda b: em_ort[b])
+    return {
+        "train_images_per_s_batch32": {k: round(v, 1) for k, v in train.items()},
+        "train_ratio": round(train["em"] / train["dynamic"], 3),
+        "onnx_images_per_s_em": em_ort,
+        "onnx_images_per_s_dynamic_batch32": dyn_ort[32],
+        "onnx_best_batch_em": best,
+        "onnx_ratio": round(em_ort[best] / dyn_ort[32], 3),
+        "onnx_largest_batch_vs_best": round(em_ort[ORT_BATCHES[-1]] / em_ort[best], 3),
+        "targets": EM_TARGETS,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.benchmark", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="dynamic", choices=["dynamic", "em"], help="architecture (default: dynamic)")
-    p.add_argument("--preset", default="paper", choices=["paper", "tiny"], help="model size (default: paper)")
+    p.add_argument("--preset", default="paper", choices=["paper", "small", "tiny"], help="model size (default: paper)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
     p.add_argument(
         "--routing", default=None, choices=["sabour", "normalized"], help="routing variant (default: sabour)"
@@ -119,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         "infer_images_per_s_batch1": round(time_inference(cfg, device, 1, args.seconds), 1),
         "infer_images_per_s_batch128": round(time_inference(cfg, device, 128, args.seconds), 1),
     }
+    if args.arch == "em":
+        result["em_vs_dynamic"] = em_vs_dynamic(args.preset, device, args.train_steps, args.seconds)
     print(json.dumps(result, indent=2))
     return 0
 
