@@ -236,7 +236,7 @@ class FusedVoteGradient(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         votes: torch.Tensor,
         activations: torch.Tensor,
@@ -245,15 +245,16 @@ class FusedVoteGradient(torch.autograd.Function):
         geometry: RoutingGeometry,
         cfg: EMCapsNetConfig,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        small = [t.detach().requires_grad_(t.requires_grad) for t in (activations, beta_u, beta_a)]
+        a_in, bu, ba = (t.detach().requires_grad_(t.requires_grad) for t in (activations, beta_u, beta_a))
+        small = [a_in, bu, ba]
         products = VoteProducts(vote_moments(votes.detach()), record=True)
         with torch.enable_grad():
-            a_out, mu = route(products, *small, geometry, cfg)
+            a_out, mu = route(products, a_in, bu, ba, geometry, cfg)
         ctx.graph = (small, products, a_out, mu, votes.shape)  # type: ignore[attr-defined]
         return a_out.detach(), mu.detach()
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_a: torch.Tensor, grad_mu: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         small, products, a_out, mu, shape = ctx.graph  # type: ignore[attr-defined]

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import torch
 
 from training.architectures import get_architecture
@@ -110,8 +109,8 @@ def time_onnx(cfg: TrainConfig, batches: tuple[int, ...], seconds: float) -> dic
     model_cfg = model_config_for(cfg)
     model = arch.build(model_cfg).eval()
     with tempfile.TemporaryDirectory() as tmp:
-        export_module(model, cfg.arch, model_cfg, Path(tmp) / "model", name="bench", torchscript=False)
-        session = make_session(Path(tmp) / "model" / "capsnet.onnx")
+        export_module(model, cfg.arch, model_cfg, Path(tmp) / "bench", name="bench", torchscript=False)
+        session = make_session(Path(tmp) / "bench" / "capsnet.onnx")
     name = session.get_inputs()[0].name
     rates = {}
     for batch in batches:

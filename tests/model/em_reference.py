@@ -15,7 +15,7 @@ from model.em import EPS, RoutingGeometry, inverse_temperatures
 
 def normalise(logits: torch.Tensor, geometry: RoutingGeometry, child_positions: int) -> torch.Tensor:
     """R_ij = exp(logit_ij) / Σ over every (position, entry, type) that holds child i; logits (B, P, C, N)."""
-    b, p, c, n = logits.shape
+    b, p, _, n = logits.shape
     kk = geometry.kernel_entries
     e = logits.exp().sum(dim=2).reshape(b, p * kk, n // kk)  # (B, P*KK, B_in): summed over parent types
     z = torch.zeros(b, child_positions, n // kk, dtype=logits.dtype).index_add_(1, geometry.window_index, e)

@@ -12,9 +12,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import model.em as em_module
 from model.capsnet import count_parameters
 from model.config import EMCapsNetConfig
-import model.em as em_module
 from model.em import (
     EMCapsNet,
     RoutingGeometry,
@@ -371,9 +371,11 @@ def test_fast_routing_matches_the_straightforward_reference(case: str, iteration
         return route(VoteProducts(vote_moments(v)), a, bu, ba, geometry, cfg)  # what export and compile run
 
     want = outputs_and_grads(reference, inputs)
+    names = ["a", "mu", "dV", "da", "dbu", "dba"]
     for fn in (fused, plain):
-        for got, expected, name in zip(outputs_and_grads(fn, inputs), want, ["a", "mu", "dV", "da", "dbu", "dba"]):
-            torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10, msg=lambda m: f"{fn.__name__} {name}: {m}")
+        for got, expected, name in zip(outputs_and_grads(fn, inputs), want, names, strict=True):
+            label = f"{fn.__name__} {name}"
+            torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10, msg=lambda m, label=label: f"{label}: {m}")
 
 
 def test_fused_gradient_is_used_in_training_and_not_at_inference() -> None:
@@ -399,4 +401,4 @@ def test_network_gradients_match_plain_autograd() -> None:
     with mock.patch.object(em_module.torch.compiler, "is_compiling", return_value=True):  # the plain path
         plain = grads()
     for (name, _), f, p in zip(net.named_parameters(), fused, plain, strict=True):
-        torch.testing.assert_close(f, p, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(f, p, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
