@@ -52,6 +52,15 @@ def test_paper_config_sizes_and_parameter_count() -> None:
     assert count_parameters(EMCapsNet(cfg)) == 318_964
 
 
+def test_small_preset_is_the_papers_smaller_network() -> None:
+    cfg = EMCapsNetConfig.small()
+    assert (cfg.conv1_channels, cfg.primary_types, cfg.caps1_types, cfg.caps2_types) == (64, 8, 16, 16)
+    assert count_parameters(EMCapsNet(cfg)) == 68_444  # "68K" in Hinton et al. 2018 §5
+    assert get_architecture("em").make_config("small", {}) == cfg.to_dict()
+    with pytest.raises(ValueError, match="unknown preset 'small' for arch 'dynamic'"):
+        get_architecture("dynamic").make_config("small", {})
+
+
 def test_config_round_trips_and_validates() -> None:
     cfg = EMCapsNetConfig.tiny(routing_iterations=2)
     assert EMCapsNetConfig.from_dict(cfg.to_dict()) == cfg
