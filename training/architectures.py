@@ -154,7 +154,7 @@ def _em_config(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
             "arch 'em' has a single routing algorithm (--routing-iterations still applies)"
         )
     if preset not in EM_PRESETS:
-        raise ValueError(f"unknown preset {preset!r} for arch 'em' (choose paper or tiny)")
+        raise ValueError(f"unknown preset {preset!r} for arch 'em' (choose paper, small or tiny)")
     return cast(EMCapsNetConfig, EM_PRESETS[preset](**clean)).to_dict()
 
 
