@@ -98,6 +98,7 @@ def test_health_liveness_readiness_and_metadata(client: triton.InferenceServerCl
             {"name": "lengths", "datatype": "FP32", "shape": ["-1", "10"]},
             {"name": "poses", "datatype": "FP32", "shape": ["-1", "10", "8"]},
             {"name": "reconstruction", "datatype": "FP32", "shape": ["-1", "1", "28", "28"]},
+            {"name": "explanation", "datatype": "FP32", "shape": ["-1", "10", "6", "6"]},
         ],
     }
     em = client.get_model_metadata(EM_LIKE, "3", as_json=True)
@@ -108,8 +109,8 @@ def test_infer_raw_contents_every_output(client: triton.InferenceServerClient, m
     result = client.infer(TINY, [image_input()], request_id="req-7")
     response = result.get_response()
     assert (response.model_name, response.model_version, response.id) == (TINY, "1", "req-7")
-    assert [o.name for o in response.outputs] == ["lengths", "poses", "reconstruction"]
-    assert len(response.raw_output_contents) == 3  # raw in, raw out
+    assert [o.name for o in response.outputs] == ["lengths", "poses", "reconstruction", "explanation"]
+    assert len(response.raw_output_contents) == 4  # raw in, raw out
     expected = run_graph(model_repository, TINY, "capsnet.onnx", {"image": IMAGES})
     for name, want in expected.items():
         got = result.as_numpy(name)
@@ -186,7 +187,7 @@ def test_asyncio_client(target: str, model_repository: Path) -> None:
         (
             lambda c: c.infer(TINY, [image_input()], outputs=[triton.InferRequestedOutput("logits")]),
             "StatusCode.INVALID_ARGUMENT",
-            "unknown output 'logits'; model 'tiny' has outputs ['lengths', 'poses', 'reconstruction']",
+            "unknown output 'logits'; model 'tiny' has outputs ['lengths', 'poses', 'reconstruction', 'explanation']",
         ),
         (
             lambda c: c.infer(TINY, []),

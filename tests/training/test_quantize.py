@@ -109,7 +109,7 @@ def test_files_hash_and_graphs_are_int8_with_float_decoder(zoo: Path, card: dict
 @pytest.mark.parametrize("batch", [1, 3, 64])
 def test_dynamic_batch_axis(zoo: Path, batch: int) -> None:
     images = np.random.default_rng(0).random((batch, 1, 28, 28), dtype=np.float32)
-    lengths, poses, recon = session(zoo / "tiny-int8" / "capsnet.onnx").run(None, {"image": images})
+    lengths, poses, recon, _ = session(zoo / "tiny-int8" / "capsnet.onnx").run(None, {"image": images})
     assert lengths.shape == (batch, 10) and poses.shape[:2] == (batch, 10) and recon.shape == (batch, 1, 28, 28)
 
 
@@ -123,7 +123,7 @@ def test_service_loads_and_serves_the_int8_model(zoo: Path) -> None:
         image = {"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [0.5] * 784}]}
         response = client.post("/v2/models/tiny-int8/infer", json=image)
         assert response.status_code == 200, response.text
-        assert [o["name"] for o in response.json()["outputs"]] == ["lengths", "poses", "reconstruction"]
+        assert [o["name"] for o in response.json()["outputs"]] == ["lengths", "poses", "reconstruction", "explanation"]
 
 
 def test_a_broken_bound_refuses_the_model_and_writes_nothing(zoo: Path, mnist_dir: Path, tmp_path: Path) -> None:
