@@ -20,7 +20,7 @@ split = load_split(None, "test")
 open(sys.argv[1], "wb").write(array_to_png(to_float(split.images[:1])[0, 0]))
 PY
 
-"$BIN/python" -m service.main --port "$PORT" >"$WORK/server.log" 2>&1 &
+"$BIN/python" -m service.main --port "$PORT" --grpc-port 0 >"$WORK/server.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 120); do curl -sf "localhost:$PORT/health/ready" >/dev/null && break; sleep 0.5; done
 kill -0 $SERVER 2>/dev/null || { cat "$WORK/server.log" >&2; exit 1; }
@@ -40,9 +40,14 @@ def cut(x, depth=0):
     return x
 text = sys.stdin.read()
 try:
-    print(json.dumps(cut(json.loads(text)), ensure_ascii=False))
+    data = json.loads(text)
 except ValueError:
-    print(text)
+    sys.stdout.write(text)  # not JSON (metrics, a status code): as received
+else:
+    short = cut(data)
+    # What needs no shortening is shown byte for byte as the server sent it; the rest in the same compact form.
+    out = text if short == data else json.dumps(short, ensure_ascii=False, separators=(",", ":"))
+    print(out.rstrip("\n"))
 '
 }
 run() {
@@ -55,10 +60,17 @@ OUTPUT=$WORK/examples.md
 exec 3>&1
 exec >"$OUTPUT"
 MODEL=$(curl -s "$H/v1/models" | "$BIN/python" -c 'import json,sys; print(json.load(sys.stdin)["default_model"])')
+OTHERS=$(curl -s "$H/v1/models" | "$BIN/python" -c '
+import json, sys
+listing = json.load(sys.stdin)
+print(" ".join(m["name"] for m in listing["models"] if m["name"] != listing["default_model"]))')
 
 run curl -s "$H/v1/models"
 run curl -s "$H/v1/models/$MODEL"
 run curl -s -F files=@seven.png "'$H/v1/classify?top_k=3'"
+for OTHER in $OTHERS; do  # every other bundled model (the int8 one), by name
+  run curl -s -F files=@seven.png "'$H/v1/models/$OTHER/classify?top_k=3'"
+done
 run curl -s -F files=@seven.png "$H/v1/capsules"
 run curl -s -F files=@seven.png "'$H/v1/reconstruct?class=7'"
 run curl -s -F files=@seven.png "'$H/v1/perturb?low=-0.1&high=0.1&step=0.1'"

@@ -12,7 +12,7 @@ import numpy as np
 from training.data import IDXError, MNISTSplit, load_split, to_float
 from training.device import DEVICE_CHOICES, resolve_device
 from training.onnx_eval import evaluate_model_dir
-from training.results import EvalResult, confusion_matrix
+from training.results import EvalResult, confusion_matrix, progress_bar
 
 if TYPE_CHECKING:
     import torch
@@ -28,14 +28,15 @@ def evaluate_torch(
     device: torch.device,
     batch_size: int = 500,
     max_batches: int | None = None,
+    progress: bool = False,
 ) -> EvalResult:
-    """Predictions of `model` (masking by its own prediction) over `split`, with the mean loss."""
+    """Predictions of `model` (masking by its own prediction) over `split`, with the mean loss (`progress`: a bar)."""
     import torch
 
     model.eval()
     preds, losses, num_classes = [], 0.0, 0
     n = len(split) if max_batches is None else min(len(split), max_batches * batch_size)
-    with torch.no_grad():
+    with torch.no_grad(), progress_bar(n, progress) as bar:
         for start in range(0, n, batch_size):
             images = torch.from_numpy(to_float(split.images[start : start + batch_size])).to(device)
             y = torch.from_numpy(split.labels[start : start + batch_size]).to(device)
@@ -44,6 +45,7 @@ def evaluate_torch(
             scores = arch.scores(out)
             num_classes = int(scores.shape[1])
             preds.append(scores.argmax(dim=1).cpu().numpy())
+            bar.update(len(y))
     p, t = np.concatenate(preds), split.labels[:n]
     cm = confusion_matrix(t, p, num_classes)
     return EvalResult(n=n, errors=int((p != t).sum()), confusion=cm, loss=losses / max(n, 1))
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N test images (default: all)")
     args = parser.parse_args(argv)
+    progress = sys.stderr.isatty()  # a bar for a person at a terminal; logs and pipes stay clean
     try:
         split = load_split(args.data_dir, "test").subset(args.limit)
         if args.checkpoint:
@@ -71,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
             device = resolve_device(args.device)
             model, arch, _ = load_model(args.checkpoint, device)
-            result = evaluate_torch(model, arch, split, device, args.batch_size).to_dict()
+            result = evaluate_torch(model, arch, split, device, args.batch_size, progress=progress).to_dict()
             result["source"] = {"checkpoint": args.checkpoint}
         else:
-            result = evaluate_model_dir(args.model, split, args.batch_size)
+            result = evaluate_model_dir(args.model, split, args.batch_size, progress)
     except (IDXError, FileNotFoundError, ValueError) as e:
         print(f"capsnet-evaluate: error: {e}", file=sys.stderr)
         return 2

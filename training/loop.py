@@ -240,7 +240,7 @@ class Trainer(Generic[TaskT]):
         total_steps = max(cfg.epochs * len(batches), 1)
         bar = tqdm(
             batches,
-            desc=f"epoch {epoch + 1}/{cfg.epochs}",
+            desc="dry run: 1 batch" if cfg.dry_run else f"epoch {epoch + 1}/{cfg.epochs}",
             disable=not self.info.is_main,
             mininterval=2.0,
             file=sys.stderr,
@@ -312,10 +312,10 @@ class Trainer(Generic[TaskT]):
                 "precision": "bfloat16-mixed" if self.amp else "float32",
             }
             last_seconds = time.perf_counter() - start
-            log.info("epoch %d: %s", self.epoch, json.dumps(row))
-            if self.cfg.dry_run:
+            if self.cfg.dry_run:  # its one row is the result the caller prints, not a log line
                 self.history.append(row)
                 break
+            log.info("epoch %d: %s", self.epoch, json.dumps(row))
             self._end_epoch(row)
         return self.history
 

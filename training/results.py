@@ -1,11 +1,13 @@
-"""Classification results shared by PyTorch and ONNX Runtime evaluation: error, per-class error, confusion."""
+"""What PyTorch and ONNX Runtime evaluation share: error, per-class error, confusion, the progress bar."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 
 @dataclass
@@ -38,3 +40,8 @@ def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: i
     cm = np.zeros((num_classes, num_classes), dtype=np.int64)
     np.add.at(cm, (labels, predictions), 1)
     return cm
+
+
+def progress_bar(total: int, enabled: bool) -> tqdm[Any]:
+    """An evaluation progress bar over `total` images on stderr; a silent one unless `enabled`."""
+    return tqdm(total=total, desc="evaluating", unit="img", disable=not enabled, mininterval=1.0, file=sys.stderr)

@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--routing", default=None, choices=["sabour", "normalized"], help="dynamic-routing variant (default: sabour)"
     )
     p.add_argument("--routing-iterations", type=int, default=None, help="routing iterations (default: 3)")
-    p.add_argument("--epochs", type=int, default=30, help="total epochs to train to (default: 30)")
+    p.add_argument("--epochs", type=int, default=30, help="total epochs to train to, at least 1 (default: 30)")
     p.add_argument("--batch-size", type=int, default=128, help="batch size per process (default: 128)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 0.001)")
     p.add_argument(
@@ -247,17 +247,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--test-subset", type=int, default=None, help="evaluate on the first N test images only (default: all)"
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="run one training and one evaluation batch, write nothing, exit"
+        "--dry-run",
+        action="store_true",
+        help="run one training and one evaluation batch, print the epoch's JSON, write nothing (default: off)",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     return p
 
 
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (exit 2) for values argparse's types let through."""
+    if args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_minutes is not None and not args.max_minutes > 0:
-        parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
+    check_arguments(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = TrainConfig(
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,

@@ -70,18 +70,36 @@ class ImagesRequest(BaseModel):
     images: list[ImageInput] = Field(min_length=1)
 
 
+DECODE_CHOICES = ("class", "mask")
+
+
+def decode_request_schema(schema: dict[str, Any]) -> None:
+    """The body as the server takes it: exactly one of `class` and `mask`, and neither of them null."""
+    properties = schema["properties"]
+    for key in DECODE_CHOICES:
+        (present,) = [s for s in properties[key].pop("anyOf") if s.get("type") != "null"]
+        properties[key] = {**present, **properties[key]}
+        properties[key].pop("default")
+    schema["oneOf"] = [{"required": [key]} for key in DECODE_CHOICES]
+    schema["examples"] = [{"poses": [[0.0] * 16 for _ in range(10)], "class": 7}]
+
+
 class DecodeRequest(BaseModel):
     """Caller-supplied (e.g. edited) poses for every class, decoded through the mask of one class."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        json_schema_extra={"examples": [{"poses": [[0.0] * 16 for _ in range(10)], "class": 7}]},
-    )
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, json_schema_extra=decode_request_schema)
 
     poses: list[Any] = Field(description="nested array of the model's poses for one image: (classes, *pose_shape)")
     class_index: int | None = Field(default=None, alias="class", ge=0, description="class whose capsule is decoded")
     mask: list[float] | None = Field(default=None, description="per-class weights instead of a one-hot `class`")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        """`"class": null` is not leaving it out: the schema says an integer, so null is refused, not ignored."""
+        if isinstance(data, dict) and (nulls := [key for key in DECODE_CHOICES if key in data and data[key] is None]):
+            raise ValueError(f"'{nulls[0]}' must not be null; give exactly one of 'class' or 'mask'")
+        return data
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DecodeRequest:
@@ -379,7 +397,8 @@ class InferenceRequest(BaseModel):
 
     id: str | None = None
     parameters: dict[str, Any] | None = None
-    inputs: list[RequestInput]
+    # At least one input (the server's 400 names the model's missing input, so the length is checked there).
+    inputs: list[RequestInput] = Field(json_schema_extra={"minItems": 1})
     outputs: list[RequestOutput] | None = None
 
 

@@ -392,6 +392,10 @@ def test_png_and_perturb_take_one_image(client: TestClient) -> None:
         ({"poses": [[0.0] * 8] * 10, "class": 10}, "class 10 is out of range: model 'tiny' has classes 0..9"),
         ({"poses": [[0.0] * 8] * 10, "mask": [1.0] * 9}, "mask must have 10 values (one per class), got 9"),
         ({"poses": [[0.0] * 8] * 10}, "invalid request body: body: Value error, give exactly one of 'class' or 'mask'"),
+        (
+            {"poses": [[0.0] * 8] * 10, "class": None, "mask": [1.0] * 10},
+            "invalid request body: body: Value error, 'class' must not be null; give exactly one of 'class' or 'mask'",
+        ),
         ({"poses": [["a"] * 8] * 10, "class": 1}, None),
     ],
 )

@@ -7,6 +7,7 @@ the synthetic digits' bar position, with EM-style output names, so only the card
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -136,6 +137,26 @@ def test_capsnet_evaluate_model_prints_the_json_and_exits_2_on_a_broken_director
     assert result["model"] == "bars" and result["n"] == 10 and result["test_error"] == 0.0
     assert evaluate.main(["--model", str(tmp_path), "--data-dir", str(synthetic_mnist)]) == 2
     assert f"model.json not found in {tmp_path}" in capsys.readouterr().err
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_capsnet_evaluate_shows_a_progress_bar_only_on_a_terminal(
+    model_dir: Path, synthetic_mnist: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["--model", str(model_dir), "--data-dir", str(synthetic_mnist), "--batch-size", "8"]
+    assert evaluate.main(argv) == 0
+    assert capsys.readouterr().err == ""  # not a terminal: quiet
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert evaluate.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 32  # the JSON alone on stdout
+    assert "evaluating: 100%" in terminal.getvalue() and "32/32" in terminal.getvalue()
 
 
 def test_onnx_evaluation_never_imports_torch(model_dir: Path, synthetic_mnist: Path) -> None:

@@ -180,6 +180,34 @@ def test_unmeasured_sections_say_so_and_invent_nothing(tmp_path: Path) -> None:
     assert "this run" not in text and not (ctx.results / "baseline.json").exists()
 
 
+def test_report_cli_refuses_a_missing_data_dir_and_cuda_without_cuda(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CAPSNET_DATA_DIR", raising=False)
+    out = tmp_path / "docs"
+    base = ["--tiny", "--out", str(out), "--zoo", str(tmp_path / "zoo")]
+    assert build.main([*base, "--data-dir", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == (
+        f"python -m training.report: error: MNIST data directory {tmp_path / 'none'} does not exist or is not a "
+        "directory\n"
+    )
+    assert build.main([*base, "--sections", "baseline", "affine"]) == 2
+    assert capsys.readouterr().err == (
+        "python -m training.report: error: no MNIST data directory given: pass --data-dir or set $CAPSNET_DATA_DIR "
+        "(sections baseline, affine read MNIST; --sections speed runs without it)\n"
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert build.main([*base, "--device", "cuda", "--sections", "speed"]) == 2
+    err = capsys.readouterr().err
+    assert err == "python -m training.report: error: --device cuda was asked for but CUDA is not available\n"
+    assert not out.exists()  # nothing written, no REPORT.md claiming "not measured"
+    assert build.main([*base, "--sections", "speed", "--dry-run"]) == 0  # speed reads no MNIST
+    assert json.loads(capsys.readouterr().out) == {
+        "data_dir": None,
+        "sections": {key: "run" if key == "speed" else "missing" for key in build.SECTIONS},
+    }
+
+
 def write_card_only_model(zoo: Path) -> None:
     d = zoo / "em-card-only"
     d.mkdir(parents=True)

@@ -94,12 +94,6 @@ def test_cli_time_budget_exits_3_and_says_how_to_continue(
     assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
-def test_cli_rejects_a_non_positive_time_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as e:
-        train.main(["--data-dir", str(tmp_path), "--max-minutes", "0"])
-    assert e.value.code == 2 and "--max-minutes must be positive" in capsys.readouterr().err
-
-
 def test_resume_refuses_a_different_model(synthetic_mnist: Path, tmp_path: Path) -> None:
     mnist_trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "a").fit()  # type: ignore[arg-type]
     cfg = TrainConfig(epochs=2, routing="normalized", **TINY)  # type: ignore[arg-type]
@@ -108,13 +102,45 @@ def test_resume_refuses_a_different_model(synthetic_mnist: Path, tmp_path: Path)
 
 
 def test_cli_dry_run_on_synthetic_data_writes_nothing(
-    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     out = tmp_path / "dry"
-    code = train.main(["--data-dir", str(synthetic_mnist), "--out", str(out), "--preset", "tiny", "--dry-run"])
+    with caplog.at_level("INFO"):
+        code = train.main(["--data-dir", str(synthetic_mnist), "--out", str(out), "--preset", "tiny", "--dry-run"])
     assert code == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["epoch"] == 1
+    captured = capsys.readouterr()
+    (line,) = captured.out.splitlines()  # the epoch's JSON, once: not also logged
+    assert json.loads(line)["epoch"] == 1 and json.loads(line)["test_n"] == 32
+    assert not any('"epoch": 1' in r.getMessage() for r in caplog.records)
+    assert "dry run: 1 batch" in captured.err and "epoch 1/30" not in captured.err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+        (["--epochs", "-3"], "--epochs must be at least 1, got -3"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--max-minutes", "0"], "--max-minutes must be positive, got 0.0"),
+    ],
+)
+def test_cli_usage_errors_exit_2_with_one_line(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        train.main(["--data-dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.splitlines()[-1] == f"capsnet-train: error: {message}"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_cuda_without_cuda_is_a_one_line_error(
+    synthetic_mnist: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert train.main(["--data-dir", str(synthetic_mnist), "--device", "cuda", "--dry-run"]) == 2
+    assert capsys.readouterr().err == "capsnet-train: error: --device cuda was asked for but CUDA is not available\n"
 
 
 def test_cli_reports_a_missing_data_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import sys
 import tempfile
@@ -13,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import training.report
-from training.data import IDXError, resolve_data_dir
+from training.data import DATA_DIR_ENV, IDXError, resolve_data_dir
 from training.device import DEVICE_CHOICES, resolve_device
 from training.loop import EXIT_UNFINISHED
 from training.machine import cpu_busy_percent
@@ -100,6 +101,21 @@ def build_report(ctx: Context, selected: set[str], reuse: bool) -> Path:
     return path
 
 
+def find_data_dir(given: str | None, reading: list[str]) -> str | None:
+    """The MNIST directory (--data-dir, else $CAPSNET_DATA_DIR), or None when no section in `reading` is to run.
+
+    A directory named but not there is an error (IDXError, a ValueError), as is none named when `reading` is not empty.
+    """
+    if given is not None or os.environ.get(DATA_DIR_ENV):
+        return str(resolve_data_dir(given))
+    if reading:
+        raise IDXError(
+            f"no MNIST data directory given: pass --data-dir or set ${DATA_DIR_ENV} (sections {', '.join(reading)} "
+            "read MNIST; --sections speed runs without it)"
+        )
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training.report", description=(training.report.__doc__ or "").splitlines()[0]
@@ -162,18 +178,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs is not None:
         sizes = replace(sizes, epochs=args.epochs)
     try:
-        data_dir: str | None = str(resolve_data_dir(args.data_dir))
-    except IDXError:
-        data_dir = None
+        device = resolve_device(args.device)
+    except ValueError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     command = shlex.join(["python", "-m", "training.report", *(sys.argv[1:] if argv is None else argv)])
     with tempfile.TemporaryDirectory(prefix="capsnet-report-") as scratch:
         ctx = Context(
-            out=Path(args.out), data_dir=data_dir, zoo=Path(args.zoo), model=Path(args.model) if args.model else None,
-            sizes=sizes, tiny=args.tiny, device=resolve_device(args.device), seed=args.seed, command=command,
+            out=Path(args.out), data_dir=None, zoo=Path(args.zoo), model=Path(args.model) if args.model else None,
+            sizes=sizes, tiny=args.tiny, device=device, seed=args.seed, command=command,
             scratch=Path(scratch), runs=Path(args.runs) if args.runs else None, amp=args.amp, deadline=deadline,
         )  # fmt: skip
+        actions = plan(ctx, selected, args.reuse)
+        try:
+            ctx.data_dir = find_data_dir(
+                args.data_dir, [k for k, a in actions.items() if a == "run" and BY_KEY[k].reads_mnist]
+            )
+        except IDXError as e:
+            print(f"{parser.prog}: error: {e}", file=sys.stderr)
+            return 2
         if args.dry_run:
-            print(json.dumps({"data_dir": data_dir, "sections": plan(ctx, selected, args.reuse)}, indent=1))
+            print(json.dumps({"data_dir": ctx.data_dir, "sections": actions}, indent=1))
             return 0
         path = build_report(ctx, selected, args.reuse)
     print(path)

@@ -315,3 +315,4 @@ class Section:
     key: str
     run: Run
     render: Render
+    reads_mnist: bool = True  # running it needs the MNIST files

@@ -239,4 +239,4 @@ def render_speed(ctx: Context, saved: Saved | None, reason: str | None) -> str:
     return "\n".join(out)
 
 
-SECTION = Section("speed", run_speed, render_speed)
+SECTION = Section("speed", run_speed, render_speed, reads_mnist=False)

@@ -64,7 +64,9 @@ IMAGES_BODY: dict[str, Any] = {
             "multipart/form-data": {
                 "schema": {
                     "type": "object",
-                    "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"}}},
+                    "properties": {
+                        "files": {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1}
+                    },
                     "required": ["files"],
                 }
             },

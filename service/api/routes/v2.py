@@ -79,12 +79,22 @@ async def server_metadata() -> ServerMetadata:
     return ServerMetadata(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)
 
 
-@health_router.get("/v2/health/live", summary="Server live (200 true, 4xx false; empty body)")
+@health_router.get(
+    "/v2/health/live",
+    summary="Server live (200 true, 4xx false; empty body)",
+    response_class=Response,
+    responses={200: {"description": "live (empty body)"}},
+)
 async def server_live() -> Response:
     return Response(status_code=200)
 
 
-@health_router.get("/v2/health/ready", summary="Server ready: every model ready (200 true, 400 false; empty body)")
+@health_router.get(
+    "/v2/health/ready",
+    summary="Server ready: every model ready (200 true, 400 false; empty body)",
+    response_class=Response,
+    responses={200: {"description": "every model ready (empty body)"}, 400: {"description": "not ready (empty body)"}},
+)
 async def server_ready(registry: RegistryDep) -> Response:
     return Response(status_code=200 if registry.all_ready else 400)
 
