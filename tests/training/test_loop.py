@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from training import loop
 from training.checkpoint import CheckpointMismatch, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
 from training.loop import Autocast, Step, Trainer
@@ -98,3 +99,60 @@ def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "old.pt", {"config": {}, "model": {}, "history": [], "order_rng": {}})
     with pytest.raises(CheckpointMismatch, match=r"old\.pt is not a checkpoint of this training loop \(no arch, "):
         toy_trainer(None, epochs=1, resume=str(tmp_path / "old.pt"))
+
+
+class StepClock:
+    """A fake loop.clock that moves 1 s whenever a trainer it drives takes a training step, and at no other time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def drive(self, trainer: Trainer[ToyTask]) -> Trainer[ToyTask]:
+        step = trainer.task.step
+
+        def timed_step(*args: Any) -> Step:
+            self.now += 1.0
+            return step(*args)
+
+        trainer.task.step = timed_step  # type: ignore[method-assign]
+        return trainer
+
+
+def test_a_task_resumes_exactly_from_inside_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls of 2.5 s (5 steps of 1 s an epoch) stop inside epochs; `batches` advances the task's order RNG,
+    so last.pt keeps the task state from before the epoch's draw and the one where it stopped."""
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    whole = toy_trainer(tmp_path / "whole", epochs=3)
+    whole.fit()
+    last, stops = tmp_path / "part" / "last.pt", []
+    for _ in range(10):
+        trainer = clock.drive(toy_trainer(tmp_path / "part", epochs=3, resume=str(last) if last.exists() else None))
+        trainer.fit(deadline=clock.now + 2.5)
+        state = load_checkpoint(last)
+        stops.append((state["epoch"], state["mid_epoch"]["step"] if "mid_epoch" in state else None))
+        if trainer.finished:
+            break
+    assert stops[:3] == [(0, 2), (0, 4), (1, 1)]  # the third call ends epoch 1, then stops in epoch 2
+    timing = ("seconds", "images_per_second")
+    assert [{k: v for k, v in row.items() if k not in timing} for row in trainer.history] == [
+        {k: v for k, v in row.items() if k not in timing} for row in whole.history
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), whole.model.parameters(), strict=True))
+
+
+def test_a_mid_epoch_checkpoint_needs_as_many_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    clock.drive(toy_trainer(tmp_path / "run", epochs=1)).fit(deadline=1.5)
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert state["mid_epoch"]["step"] == 1 and state["task_state"] != state["mid_epoch"]["ranks"][0]["task_state"]
+    state["mid_epoch"]["ranks"] *= 2
+    save_checkpoint(tmp_path / "two.pt", state)
+    with pytest.raises(
+        CheckpointMismatch, match=r"two\.pt was stopped inside epoch 1 by 2 process\(es\); continue"
+    ):
+        toy_trainer(None, epochs=1, resume=str(tmp_path / "two.pt"))
