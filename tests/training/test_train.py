@@ -249,14 +249,12 @@ def test_cli_dry_run_on_real_mnist(real_mnist: Path) -> None:
     assert json.loads(proc.stdout.strip().splitlines()[-1])["test_n"] == 500
 
 
-@pytest.mark.slow
-def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> None:
-    out = tmp_path / "ddp"
+def torchrun_train(*args: str) -> subprocess.CompletedProcess[str]:
+    """`training.train` in two gloo processes (torchrun), in a session of its own so a hung rendezvous cannot
+    leave worker processes behind."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "training.train", "--data-dir", str(synthetic_mnist), "--out", str(out),
-           "--preset", "tiny", "--epochs", "1", "--batch-size", "8", "--device", "cpu"]  # fmt: skip
-    # A session of its own, so a hung rendezvous cannot leave worker processes behind.
+           "-m", "training.train", *args]  # fmt: skip
     with subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as proc:
@@ -266,14 +264,37 @@ def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> Non
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             pytest.fail("two-process DDP run did not finish in 240 s")
-    assert proc.returncode == 0, stderr[-3000:]
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> None:
+    """One epoch whole, and the same epoch stopped by the budget after its first step and resumed: both ranks
+    stop at the same step, last.pt keeps each rank's place, and the resumed epoch's row is the whole one's."""
+    args = ["--data-dir", str(synthetic_mnist), "--preset", "tiny", "--epochs", "1", "--batch-size", "8",
+            "--device", "cpu"]  # fmt: skip
+    out = tmp_path / "ddp"
+    proc = torchrun_train(*args, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = (out / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 1  # only rank 0 writes
     row = json.loads(rows[0])
     assert row["epoch"] == 1
-    assert len(stdout.strip().splitlines()) == 1  # only rank 0 prints the result
+    assert len(proc.stdout.strip().splitlines()) == 1  # only rank 0 prints the result
     state = torch.load(out / "last.pt", weights_only=False)
     assert not any(k.startswith("module.") for k in state["model"])  # saved unwrapped, reloadable alone
+
+    chunks = tmp_path / "chunks"
+    stopped = torchrun_train(*args, "--out", str(chunks), "--max-minutes", "0.0001")
+    assert stopped.returncode != 0 and "time budget spent at epoch 0 of 1" in stopped.stderr, stopped.stderr[-3000:]
+    position = torch.load(chunks / "last.pt", weights_only=False)["mid_epoch"]
+    assert position["step"] == 1 and [rank["step"] for rank in position["ranks"]] == [1, 1]
+    shifts = [rank["task_state"]["shifts"] for rank in position["ranks"]]
+    assert not torch.equal(*shifts)  # each rank's own shift generator
+    resumed = torchrun_train(*args, "--out", str(chunks), "--resume", str(chunks / "last.pt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = json.loads((chunks / "metrics.jsonl").read_text())
+    assert without_timing([again]) == without_timing([row])
 
 
 def test_evaluate_cli_on_a_checkpoint(
