@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from training import loop
+from training import loop, multimnist
 from training.checkpoint import CheckpointMismatch, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
+from training.data import load_split
 from training.loop import Autocast, Step, Trainer
 
 CFG = TrainConfig(arch="toy", epochs=3, batch_size=8, lr=0.05, seed=0, device="cpu")
@@ -152,7 +153,33 @@ def test_a_mid_epoch_checkpoint_needs_as_many_processes(tmp_path: Path, monkeypa
     assert state["mid_epoch"]["step"] == 1 and state["task_state"] != state["mid_epoch"]["ranks"][0]["task_state"]
     state["mid_epoch"]["ranks"] *= 2
     save_checkpoint(tmp_path / "two.pt", state)
-    with pytest.raises(
-        CheckpointMismatch, match=r"two\.pt was stopped inside epoch 1 by 2 process\(es\); continue"
-    ):
+    with pytest.raises(CheckpointMismatch, match=r"two\.pt was stopped inside epoch 1 by 2 process\(es\); continue"):
         toy_trainer(None, epochs=1, resume=str(tmp_path / "two.pt"))
+
+
+def test_multimnist_resumes_exactly_from_inside_an_epoch(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MultiMNIST draws its composites and their order in `batches`: a call stopped after 2 of 4 steps continues."""
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    step = multimnist.MultiMNISTTask.step
+
+    def timed_step(self: multimnist.MultiMNISTTask, *args: Any) -> Step:
+        clock.now += 1.0
+        return step(self, *args)
+
+    monkeypatch.setattr(multimnist.MultiMNISTTask, "step", timed_step)
+    train, test = load_split(str(synthetic_mnist), "train"), load_split(str(synthetic_mnist), "test")
+    cfg = multimnist.MultiMNISTConfig(preset="tiny", epochs=1, batch_size=8, train_subset=32, test_subset=16)
+    whole, rows, _ = multimnist.train_multimnist(cfg, train, test, torch.device("cpu"), tmp_path / "whole")
+    _, stopped, _ = multimnist.train_multimnist(
+        cfg, train, test, torch.device("cpu"), tmp_path / "part", clock.now + 2.5
+    )
+    assert stopped == [] and load_checkpoint(tmp_path / "part" / "last.pt")["mid_epoch"]["step"] == 2
+    resumed, again, _ = multimnist.train_multimnist(cfg, train, test, torch.device("cpu"), tmp_path / "part")
+    timing = ("seconds", "images_per_second")
+    assert [{k: v for k, v in row.items() if k not in timing} for row in again] == [
+        {k: v for k, v in row.items() if k not in timing} for row in rows
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), whole.parameters(), strict=True))
