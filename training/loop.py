@@ -134,7 +134,7 @@ RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run"})
 EXIT_UNFINISHED = 3  # --max-minutes stopped the run before --epochs; resume it
 
 
-clock: Callable[[], float] = time.monotonic  # the time the budget is judged by (deadlines are its values)
+clock: Callable[[], float] = time.monotonic  # what budgets are judged by (deadlines are its values; tests fake it)
 RECENT_STEPS = 10  # the next step's duration is judged by the longest of this many recent ones
 
 
