@@ -1,19 +1,22 @@
 """The training loop, once: it trains a model it is given on a Task (data, loss, evaluation) it is given.
 
-Seeded, resumable to the bit, time-boxed (`--max-minutes`), optionally distributed (torchrun / DDP).
+Seeded, resumable to the bit (also from inside an epoch), time-boxed (`--max-minutes`), optionally
+distributed (torchrun / DDP).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -68,7 +71,11 @@ class Task(Protocol):
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """State beyond torch's RNG that a resumed run needs (empty: none)."""
+        """State beyond torch's RNG that a resumed run needs (empty: none).
+
+        Taken before `batches(epoch)` (restored, it makes `batches` draw the same epoch again) and between
+        steps (restored after `batches`, it continues the epoch: e.g. an augmentation generator's position).
+        """
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -127,11 +134,53 @@ RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run"})
 EXIT_UNFINISHED = 3  # --max-minutes stopped the run before --epochs; resume it
 
 
+clock: Callable[[], float] = time.monotonic  # what budgets are judged by (deadlines are its values; tests fake it)
+RECENT_STEPS = 10  # the next step's duration is judged by the longest of this many recent ones
+
+
 def within_budget(deadline: float | None, last_epoch_seconds: float | None) -> bool:
-    """Whether another epoch fits before `deadline` (time.monotonic()), judged by the last one's duration."""
-    if deadline is None or last_epoch_seconds is None:
+    """Whether another epoch fits before `deadline` (a `clock()` value), judged by the last one's duration."""
+    return fits(deadline, last_epoch_seconds)
+
+
+def fits(deadline: float | None, seconds: float | None) -> bool:
+    """Whether work of `seconds` (None: not known yet, so it runs) ends by `deadline` (None: no budget)."""
+    if deadline is None or seconds is None:
         return True
-    return time.monotonic() + last_epoch_seconds <= deadline
+    return clock() + seconds <= deadline
+
+
+class BudgetSpent(Exception):
+    """The time budget stopped an epoch between two steps; last.pt holds the position to resume from."""
+
+
+@dataclass
+class Budget:
+    """The limits inside an epoch: stop before a step (or the evaluation) that would end past `deadline`,
+    and write last.pt every `checkpoint_seconds`; both are `clock()` seconds."""
+
+    deadline: float | None = None
+    checkpoint_seconds: float | None = None
+    saved_at: float = field(default_factory=lambda: clock())
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))  # step durations
+
+    def step_fits(self) -> bool:
+        return fits(self.deadline, max(self.recent, default=None))
+
+    def checkpoint_due(self) -> bool:
+        return self.checkpoint_seconds is not None and clock() - self.saved_at >= self.checkpoint_seconds
+
+
+@dataclass
+class EpochProgress:
+    """How far this process is into an epoch: the next step and the statistics of the steps before it."""
+
+    step: int = 0
+    sums: dict[str, float] = field(default_factory=dict)  # loss parts, each summed over images
+    correct: int = 0
+    seen: int = 0
+    scored: bool = False  # whether the task counts correct predictions (single-label classification does)
+    seconds: float = 0.0  # training time spent in the epoch, over every call that trained part of it
 
 
 TaskT = TypeVar("TaskT", bound=Task)
@@ -176,6 +225,9 @@ class Trainer(Generic[TaskT]):
         self.best_test_error = math.inf
         self.best_val_error = math.inf
         self.history: list[dict[str, Any]] = []
+        self.evaluation_seconds: float | None = None  # the last evaluation's duration, to judge the next one by
+        self.resume_position: dict[str, Any] | None = None  # this process's place inside the epoch to resume
+        self.epoch_start: dict[str, Any] = {}  # the RNG and task states before this epoch's batches were drawn
         self.command = training_command(sys.argv)
         if resume:
             self._restore(resume, strict_resume)
@@ -203,11 +255,31 @@ class Trainer(Generic[TaskT]):
         self.best_test_error = float(state["best_test_error"])
         self.best_val_error = float(state.get("best_val_error", math.inf))
         self.history = list(state["history"])
+        self.evaluation_seconds = state.get("evaluation_seconds")
         self.task.load_state_dict(state.get("task_state", {}))
         restore_rng_states(state)
-        log.info("resumed from %s at epoch %d", path, self.epoch)
+        if "mid_epoch" in state:
+            self._restore_position(path, state["mid_epoch"])
+        else:
+            log.info("resumed from %s at epoch %d", path, self.epoch)
 
-    def _state(self) -> dict[str, Any]:
+    def _restore_position(self, path: str, mid_epoch: dict[str, Any]) -> None:
+        """Keep this process's place inside the epoch; it is taken up once `train_epoch` has drawn the batches."""
+        ranks = mid_epoch["ranks"]
+        if len(ranks) != self.info.world_size:
+            raise CheckpointMismatch(
+                f"{path} was stopped inside epoch {self.epoch + 1} by {len(ranks)} process(es); continue it with "
+                f"as many, not {self.info.world_size}"
+            )
+        self.resume_position = ranks[self.info.rank]
+        log.info("resumed from %s in epoch %d after step %d", path, self.epoch + 1, mid_epoch["step"])
+
+    def _resume_point(self) -> dict[str, Any]:
+        """This process's RNG and task states, as a checkpoint stores them (copies: training goes on)."""
+        task_state = copy.deepcopy(self.task.state_dict())
+        return {**rng_states(), **({"task_state": task_state} if task_state else {})}
+
+    def _state(self, resume_point: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
             "arch": self.cfg.arch,
             "model_config": self.model_config,
@@ -219,48 +291,112 @@ class Trainer(Generic[TaskT]):
             "best_test_error": self.best_test_error,
             "best_val_error": self.best_val_error,
             "history": self.history,
-            **rng_states(),
+            **(resume_point if resume_point is not None else self._resume_point()),
             "command": self.command,
             "data_hashes": self.task.data_hashes,
-            **({"task_state": task_state} if (task_state := self.task.state_dict()) else {}),
+            **({} if self.evaluation_seconds is None else {"evaluation_seconds": self.evaluation_seconds}),
         }
 
     def _autocast(self) -> Any:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
 
-    def train_epoch(self) -> dict[str, float]:
-        cfg, epoch = self.cfg, self.epoch
-        batches = self.task.batches(epoch)
-        if cfg.dry_run:
+    def _epoch_batches(self) -> tuple[Sequence[Any], EpochProgress]:
+        """This epoch's batches, and where in them to start: where a resumed checkpoint stopped, or at the first."""
+        start = self._resume_point()
+        batches = self.task.batches(self.epoch)
+        if self.cfg.dry_run:
             batches = batches[:1]
+        self.epoch_start, progress = start, EpochProgress()
+        if (position := self.resume_position) is not None:  # the RNG and task states where it stopped
+            self.resume_position = None
+            progress = EpochProgress(**{k: position[k] for k in asdict(progress)})
+            self.task.load_state_dict(position["task_state"])
+            restore_rng_states(position["rng"])
+        return batches, progress
+
+    def train_epoch(self, budget: Budget | None = None) -> dict[str, float]:
+        """Train epoch `epoch + 1` (from where a resumed checkpoint stopped inside it), then step the schedule.
+
+        Returns its train columns, averaged over the whole epoch and every process. With `budget`: raises
+        BudgetSpent, last.pt written, when the next step or the evaluation after the last would end past the
+        deadline, and writes last.pt whenever a checkpoint is due. The first step of a call always runs.
+        """
+        cfg, epoch = self.cfg, self.epoch
+        batches, progress = self._epoch_batches()
+        first, seconds_before, started = progress.step, progress.seconds, time.perf_counter()
         self.ddp.train()
-        sums: dict[str, float] = {}
-        correct = seen = 0
-        scored = False  # whether the task counts correct predictions (single-label classification does)
         total_steps = max(cfg.epochs * len(batches), 1)
         bar = tqdm(
-            batches,
+            batches[first:],
             desc="dry run: 1 batch" if cfg.dry_run else f"epoch {epoch + 1}/{cfg.epochs}",
+            initial=first,
+            total=len(batches),
             disable=not self.info.is_main,
             mininterval=2.0,
             file=sys.stderr,
         )
-        for step, batch in enumerate(bar):
-            progress = (epoch * len(batches) + step) / total_steps
-            result = self.task.step(self.ddp, batch, progress, self._autocast)
+        for step, batch in enumerate(bar, start=first):
+            if budget is not None and step > first:
+                progress.seconds = seconds_before + time.perf_counter() - started
+                self._between_steps(budget, progress, len(batches), budget.step_fits())
+            tick = clock()
+            result = self.task.step(self.ddp, batch, (epoch * len(batches) + step) / total_steps, self._autocast)
             self.optimizer.zero_grad(set_to_none=True)
             result.loss.backward()
             self.optimizer.step()
-            seen += result.n
-            if result.correct is not None:
-                scored, correct = True, correct + result.correct
-            for key, value in {"train_loss": result.loss.detach(), **result.parts}.items():
-                sums[key] = sums.get(key, 0.0) + float(value) * result.n
-            bar.set_postfix(loss=f"{sums['train_loss'] / seen:.4f}", acc=f"{correct / seen:.4f}" if scored else "-")
+            self._count(progress, result)
+            progress.step = step + 1
+            if budget is not None:
+                budget.recent.append(clock() - tick)
+            bar.set_postfix(
+                loss=f"{progress.sums['train_loss'] / progress.seen:.4f}",
+                acc=f"{progress.correct / progress.seen:.4f}" if progress.scored else "-",
+            )
+        progress.seconds = seconds_before + time.perf_counter() - started
+        if budget is not None and progress.step > first:
+            self._between_steps(budget, progress, len(batches), fits(budget.deadline, self.evaluation_seconds))
         self.scheduler.step()
-        sums, correct, seen = self._all_ranks(sums, correct, seen)
-        accuracy = {"train_accuracy": correct / max(seen, 1)} if scored else {}
-        return {**{k: v / max(seen, 1) for k, v in sums.items()}, **accuracy, "train_images": seen}
+        sums, correct, seen = self._all_ranks(progress.sums, progress.correct, progress.seen)
+        accuracy = {"train_accuracy": correct / max(seen, 1)} if progress.scored else {}
+        columns = {k: v / max(seen, 1) for k, v in sums.items()}
+        return {**columns, **accuracy, "train_images": seen, "train_seconds": progress.seconds}
+
+    @staticmethod
+    def _count(progress: EpochProgress, result: Step) -> None:
+        """Add a step's loss parts (summed over its images) and correct predictions to the epoch's statistics."""
+        progress.seen += result.n
+        if result.correct is not None:
+            progress.scored, progress.correct = True, progress.correct + result.correct
+        for key, value in {"train_loss": result.loss.detach(), **result.parts}.items():
+            progress.sums[key] = progress.sums.get(key, 0.0) + float(value) * result.n
+
+    def _between_steps(self, budget: Budget, progress: EpochProgress, steps: int, next_fits: bool) -> None:
+        """Write last.pt here if a checkpoint is due or the next piece of work does not fit (then stop).
+
+        Every process decides the same (any one's reason counts), so DDP ranks stop at the same step.
+        """
+        stop, save = self._any_rank(not next_fits, budget.checkpoint_due())
+        if stop or save:
+            self._save_position(progress)
+            budget.saved_at = clock()
+        if stop:
+            where = f"epoch {self.epoch + 1} after step {progress.step} of {steps}"
+            log.info("time budget: stopping in %s (epochs done: %d of %d)", where, self.epoch, self.cfg.epochs)
+            raise BudgetSpent(where)
+
+    def _save_position(self, progress: EpochProgress) -> None:
+        """Write last.pt inside the epoch: every process's place in it, over the state before its batches."""
+        if self.out is None:
+            return
+        mine = {**asdict(progress), "rng": rng_states(), "task_state": copy.deepcopy(self.task.state_dict())}
+        ranks: list[Any] = [mine]
+        if self.info.world_size > 1:
+            ranks = [None] * self.info.world_size
+            dist.all_gather_object(ranks, mine)
+        if self.info.is_main:
+            state = self._state(self.epoch_start)
+            save_checkpoint(self.out / "last.pt", {**state, "mid_epoch": {"step": progress.step, "ranks": ranks}})
+            log.info("wrote %s in epoch %d after step %d", self.out / "last.pt", self.epoch + 1, progress.step)
 
     def _all_ranks(self, sums: dict[str, float], correct: int, seen: int) -> tuple[dict[str, float], int, int]:
         """Sum the epoch's statistics over all processes (identity without DDP)."""
@@ -276,48 +412,60 @@ class Trainer(Generic[TaskT]):
     def finished(self) -> bool:
         return self.epoch >= self.cfg.epochs
 
-    def _all_agree(self, flag: bool) -> bool:
-        """True only if every process says so (DDP ranks must stop at the same epoch or they hang)."""
+    def _any_rank(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag, true if any process says so (DDP ranks must stop at the same place or they hang)."""
         if self.info.world_size == 1:
-            return flag
-        t = torch.tensor([1 if flag else 0], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return bool(t.item())
+            return flags
+        t = torch.tensor([1 if flag else 0 for flag in flags], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return tuple(bool(v) for v in t.tolist())
 
-    def fit(self, deadline: float | None = None) -> list[dict[str, Any]]:
-        """Train to `cfg.epochs`, or until `deadline` (a time.monotonic() value) would be overrun.
+    def fit(self, deadline: float | None = None, checkpoint_minutes: float | None = None) -> list[dict[str, Any]]:
+        """Train to `cfg.epochs`, or until `deadline` (a `clock()` value, i.e. time.monotonic()) would be overrun.
 
-        No epoch is started that would end past the deadline, judged by the last epoch's duration; the
-        first epoch of a call always runs. Every epoch ends with last.pt written, so a stopped run
-        continues with `resume=<out>/last.pt` (`finished` says whether it reached `cfg.epochs`).
+        No epoch is started that would end past the deadline, judged by the last epoch's duration in this
+        call, and inside an epoch no step that would, judged by the recent steps (nor the evaluation, by
+        the last one); the first step of a call always runs. Every epoch ends with last.pt written, and so
+        does a stop inside one and, with `checkpoint_minutes`, every that many minutes of an epoch; a stopped
+        run continues exactly with `resume=<out>/last.pt` (`finished` says whether it reached `cfg.epochs`).
         """
+        budget = Budget(deadline, None if checkpoint_minutes is None else 60.0 * checkpoint_minutes)
         last_seconds: float | None = None
         while self.epoch < self.cfg.epochs:
-            if not self._all_agree(within_budget(deadline, last_seconds)):
+            if self._any_rank(not within_budget(deadline, last_seconds))[0]:
                 log.info("time budget: stopping after epoch %d of %d", self.epoch, self.cfg.epochs)
                 break
             lr = self.optimizer.param_groups[0]["lr"]
-            start = time.perf_counter()
-            stats = self.train_epoch()
-            seconds = time.perf_counter() - start
-            evaluation = self.task.evaluate(self.model, 1 if self.cfg.dry_run else None)
+            start = clock()
+            try:
+                stats = self.train_epoch(budget)
+            except BudgetSpent:
+                break
+            evaluation = self._evaluate()
             self.epoch += 1
             row = {
                 "epoch": self.epoch,
-                **{k: round(v, 6) for k, v in stats.items() if k != "train_images"},
+                **{k: round(v, 6) for k, v in stats.items() if k not in ("train_images", "train_seconds")},
                 **evaluation,
                 "lr": lr,
-                "seconds": round(seconds, 2),
-                "images_per_second": round(stats["train_images"] / seconds, 1),
+                "seconds": round(stats["train_seconds"], 2),
+                "images_per_second": round(stats["train_images"] / stats["train_seconds"], 1),
                 "precision": "bfloat16-mixed" if self.amp else "float32",
             }
-            last_seconds = time.perf_counter() - start
+            last_seconds = clock() - start
             if self.cfg.dry_run:  # its one row is the result the caller prints, not a log line
                 self.history.append(row)
                 break
             log.info("epoch %d: %s", self.epoch, json.dumps(row))
             self._end_epoch(row)
+            budget.saved_at = clock()
         return self.history
+
+    def _evaluate(self) -> dict[str, Any]:
+        start = clock()
+        evaluation = self.task.evaluate(self.model, 1 if self.cfg.dry_run else None)
+        self.evaluation_seconds = clock() - start
+        return evaluation
 
     def save_last(self) -> None:
         """Write <out>/last.pt (main process only; nothing without an output directory)."""

@@ -151,10 +151,13 @@ class ClassificationTask:
         return row
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """The shift generator's position (the shuffles and the generator's seed are the epoch's)."""
+        return {"shifts": self.shifts.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing: the shuffles and shifts are seeded by the epoch."""
+        """Put the shift generator where a checkpoint left it (older checkpoints have no state: nothing to do)."""
+        if "shifts" in state:
+            self.shifts.set_state(state["shifts"])
 
 
 def mnist_trainer(
@@ -230,8 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-minutes",
         type=float,
         default=None,
-        help="time budget: start no epoch that would end past it (judged by the last epoch), then exit 3 "
-        "with last.pt written; continue with --resume (default: none)",
+        help="time budget: start no epoch, and inside one no step, that would end past it (judged by the last "
+        "epoch, the recent steps), then exit 3 with last.pt written; continue with --resume (default: none)",
+    )
+    p.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        default=10.0,
+        metavar="M",
+        help="inside an epoch, write last.pt every M minutes too, so a killed run loses at most that; "
+        "0: only at the end of epochs and at the time budget (default: 10)",
     )
     p.add_argument("--resume", default=None, metavar="CKPT", help="resume from a checkpoint (default: start fresh)")
     p.add_argument(
@@ -263,6 +274,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.max_minutes is not None and not args.max_minutes > 0:
         parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
+    if not args.checkpoint_minutes >= 0:
+        parser.error(f"--checkpoint-minutes must be 0 or more, got {args.checkpoint_minutes}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes
         trainer = mnist_trainer(cfg, args.data_dir, None if args.dry_run else args.out, args.resume)
-        history = trainer.fit(deadline)
+        history = trainer.fit(deadline, args.checkpoint_minutes or None)
     except (IDXError, FileNotFoundError, ValueError) as e:
         print(f"capsnet-train: error: {e}", file=sys.stderr)
         return 2

@@ -11,8 +11,10 @@ import pytest
 import torch
 from torch import nn
 
+from training import loop, multimnist
 from training.checkpoint import CheckpointMismatch, load_checkpoint, save_checkpoint
 from training.config import TrainConfig
+from training.data import load_split
 from training.loop import Autocast, Step, Trainer
 
 CFG = TrainConfig(arch="toy", epochs=3, batch_size=8, lr=0.05, seed=0, device="cpu")
@@ -98,3 +100,86 @@ def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:
     save_checkpoint(tmp_path / "old.pt", {"config": {}, "model": {}, "history": [], "order_rng": {}})
     with pytest.raises(CheckpointMismatch, match=r"old\.pt is not a checkpoint of this training loop \(no arch, "):
         toy_trainer(None, epochs=1, resume=str(tmp_path / "old.pt"))
+
+
+class StepClock:
+    """A fake loop.clock that moves 1 s whenever a trainer it drives takes a training step, and at no other time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def drive(self, trainer: Trainer[ToyTask]) -> Trainer[ToyTask]:
+        step = trainer.task.step
+
+        def timed_step(*args: Any) -> Step:
+            self.now += 1.0
+            return step(*args)
+
+        trainer.task.step = timed_step  # type: ignore[method-assign]
+        return trainer
+
+
+def test_a_task_resumes_exactly_from_inside_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls of 2.5 s (5 steps of 1 s an epoch) stop inside epochs; `batches` advances the task's order RNG,
+    so last.pt keeps the task state from before the epoch's draw and the one where it stopped."""
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    whole = toy_trainer(tmp_path / "whole", epochs=3)
+    whole.fit()
+    last, stops = tmp_path / "part" / "last.pt", []
+    for _ in range(10):
+        trainer = clock.drive(toy_trainer(tmp_path / "part", epochs=3, resume=str(last) if last.exists() else None))
+        trainer.fit(deadline=clock.now + 2.5)
+        state = load_checkpoint(last)
+        stops.append((state["epoch"], state["mid_epoch"]["step"] if "mid_epoch" in state else None))
+        if trainer.finished:
+            break
+    assert stops[:3] == [(0, 2), (0, 4), (1, 1)]  # the third call ends epoch 1, then stops in epoch 2
+    timing = ("seconds", "images_per_second")
+    assert [{k: v for k, v in row.items() if k not in timing} for row in trainer.history] == [
+        {k: v for k, v in row.items() if k not in timing} for row in whole.history
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), whole.model.parameters(), strict=True))
+
+
+def test_a_mid_epoch_checkpoint_needs_as_many_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    clock.drive(toy_trainer(tmp_path / "run", epochs=1)).fit(deadline=1.5)
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert state["mid_epoch"]["step"] == 1 and state["task_state"] != state["mid_epoch"]["ranks"][0]["task_state"]
+    state["mid_epoch"]["ranks"] *= 2
+    save_checkpoint(tmp_path / "two.pt", state)
+    with pytest.raises(CheckpointMismatch, match=r"two\.pt was stopped inside epoch 1 by 2 process\(es\); continue"):
+        toy_trainer(None, epochs=1, resume=str(tmp_path / "two.pt"))
+
+
+def test_multimnist_resumes_exactly_from_inside_an_epoch(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MultiMNIST draws its composites and their order in `batches`: a call stopped after 2 of 4 steps continues."""
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    step = multimnist.MultiMNISTTask.step
+
+    def timed_step(self: multimnist.MultiMNISTTask, *args: Any) -> Step:
+        clock.now += 1.0
+        return step(self, *args)
+
+    monkeypatch.setattr(multimnist.MultiMNISTTask, "step", timed_step)
+    train, test = load_split(str(synthetic_mnist), "train"), load_split(str(synthetic_mnist), "test")
+    cfg = multimnist.MultiMNISTConfig(preset="tiny", epochs=1, batch_size=8, train_subset=32, test_subset=16)
+    whole, rows, _ = multimnist.train_multimnist(cfg, train, test, torch.device("cpu"), tmp_path / "whole")
+    _, stopped, _ = multimnist.train_multimnist(
+        cfg, train, test, torch.device("cpu"), tmp_path / "part", clock.now + 2.5
+    )
+    assert stopped == [] and load_checkpoint(tmp_path / "part" / "last.pt")["mid_epoch"]["step"] == 2
+    resumed, again, _ = multimnist.train_multimnist(cfg, train, test, torch.device("cpu"), tmp_path / "part")
+    timing = ("seconds", "images_per_second")
+    assert [{k: v for k, v in row.items() if k not in timing} for row in again] == [
+        {k: v for k, v in row.items() if k not in timing} for row in rows
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), whole.parameters(), strict=True))

@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from tests.conftest import REPO_ROOT
 from training import device, evaluate, loop, train
+from training.checkpoint import save_checkpoint
 from training.train import TrainConfig, mnist_trainer
 
 TINY = dict(preset="tiny", batch_size=16, eval_batch_size=32, device="cpu", seed=1)
@@ -58,20 +61,128 @@ def test_resume_reproduces_the_uninterrupted_run(synthetic_mnist: Path, tmp_path
         assert resumed[1][key] == pytest.approx(full[1][key], abs=1e-6), key
 
 
-def test_time_budget_stops_between_epochs_and_the_resumed_run_matches(synthetic_mnist: Path, tmp_path: Path) -> None:
-    """A deadline that the first epoch overruns stops the run there, with last.pt to continue from."""
-    full = mnist_trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "full").fit()  # type: ignore[arg-type]
-    part = mnist_trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "part")  # type: ignore[arg-type]
-    assert len(part.fit(deadline=time.monotonic())) == 1 and not part.finished
+class StepClock:
+    """A fake loop.clock that moves only when the trainer works: 1 s per training step, 0.5 s per evaluation."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def drive(self, trainer: loop.Trainer[train.ClassificationTask]) -> loop.Trainer[train.ClassificationTask]:
+        step, evaluate = trainer.task.step, trainer.task.evaluate
+
+        def timed_step(*args: Any) -> loop.Step:
+            self.now += 1.0
+            return step(*args)
+
+        def timed_evaluate(*args: Any) -> dict[str, Any]:
+            self.now += 0.5
+            return evaluate(*args)
+
+        trainer.task.step, trainer.task.evaluate = timed_step, timed_evaluate  # type: ignore[method-assign]
+        return trainer
+
+
+def without_timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k not in ("seconds", "images_per_second")} for row in rows]
+
+
+def assert_same_run(a: loop.Trainer[Any], b: loop.Trainer[Any]) -> None:
+    """The same weights, optimizer moments and learning rate, bit for bit, and the same metrics rows."""
+    assert without_timing(a.history) == without_timing(b.history)
+    for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+    moments = [
+        (a.optimizer.state[p], b.optimizer.state[q])
+        for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True)
+    ]
+    assert all(torch.equal(x["exp_avg_sq"], y["exp_avg_sq"]) for x, y in moments)
+    assert a.optimizer.param_groups[0]["lr"] == b.optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize(
+    ("budgets", "stops"),
+    [
+        # Seconds each call may take (4 steps of 1 s and an evaluation of 0.5 s per epoch), and where each stopped
+        # (epochs done, step in the next epoch; None: between epochs).
+        ([2.5, 6.7], [(0, 2), (1, 4)]),  # in epoch 1 after 2 steps; then in epoch 2 before its evaluation
+        ([1.5, 6.2], [(0, 1), (1, None)]),  # after 1 step; then the rest of epoch 1, no time for epoch 2
+        ([0.1] * 5, [(0, 1), (0, 2), (0, 3), (1, None), (1, 1)]),  # one step a call: the first always runs
+    ],
+)
+def test_time_budget_stops_inside_epochs_and_chunks_add_up_to_the_uninterrupted_run(
+    synthetic_mnist: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    budgets: list[float],
+    stops: list[tuple[int, int | None]],
+) -> None:
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    cfg = TrainConfig(epochs=2, **TINY)  # type: ignore[arg-type]
+    full = mnist_trainer(cfg, str(synthetic_mnist), tmp_path / "full")
+    full.fit()
+    out, last, seen = tmp_path / "chunks", tmp_path / "chunks" / "last.pt", []
+    for budget in [*budgets, None]:
+        trainer = clock.drive(
+            mnist_trainer(cfg, str(synthetic_mnist), out, resume=str(last) if last.exists() else None)
+        )
+        trainer.fit(None if budget is None else clock.now + budget)
+        state = torch.load(last, weights_only=False)
+        seen.append((state["epoch"], state["mid_epoch"]["step"] if "mid_epoch" in state else None))
+    assert seen == [*stops, (2, None)] and trainer.finished
+    assert_same_run(trainer, full)
+    assert without_timing([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]) == (
+        without_timing(full.history)
+    )
+    assert trainer.history[0]["seconds"] > 0 and trainer.history[0]["images_per_second"] > 0
+
+
+def test_periodic_checkpoints_inside_an_epoch_resume_exactly(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """last.pt every 2 s of a 4-step epoch: after step 2, and after step 4 before the evaluation; a run killed
+    after the first continues from it as if never stopped."""
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    written: list[tuple[str, int | None]] = []
+
+    def save(path: Path, state: dict[str, Any]) -> None:
+        save_checkpoint(path, state)
+        written.append((path.name, state["mid_epoch"]["step"] if "mid_epoch" in state else None))
+        if written[-1] == ("last.pt", 2):
+            shutil.copy(path, tmp_path / "killed.pt")
+
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    cfg = TrainConfig(epochs=1, **TINY)  # type: ignore[arg-type]
+    full = clock.drive(mnist_trainer(cfg, str(synthetic_mnist), tmp_path / "full"))
+    full.fit(checkpoint_minutes=2 / 60)
+    assert written == [("last.pt", 2), ("last.pt", 4), ("last.pt", None), ("best.pt", None)]
+    resumed = mnist_trainer(cfg, str(synthetic_mnist), tmp_path / "again", resume=str(tmp_path / "killed.pt"))
+    resumed.fit()
+    assert_same_run(resumed, full)
+
+
+def test_a_checkpoint_from_before_mid_epoch_resume_continues_as_before(synthetic_mnist: Path, tmp_path: Path) -> None:
+    """An epoch-end last.pt of the earlier format: no task_state (the shift generator's), no evaluation_seconds."""
+    full = mnist_trainer(TrainConfig(epochs=2, **TINY), str(synthetic_mnist), tmp_path / "full")  # type: ignore[arg-type]
+    full.fit()
+    mnist_trainer(TrainConfig(epochs=1, **TINY), str(synthetic_mnist), tmp_path / "part").fit()  # type: ignore[arg-type]
+    state = torch.load(tmp_path / "part" / "last.pt", weights_only=False)
+    assert {"task_state", "evaluation_seconds"} <= state.keys() and "mid_epoch" not in state
+    old = {k: v for k, v in state.items() if k not in ("task_state", "evaluation_seconds")}
+    torch.save(old, tmp_path / "old.pt")
     resumed = mnist_trainer(
         TrainConfig(epochs=2, **TINY),  # type: ignore[arg-type]
         str(synthetic_mnist),
         tmp_path / "part",
-        resume=str(tmp_path / "part" / "last.pt"),
+        resume=str(tmp_path / "old.pt"),
     )
-    history = resumed.fit(deadline=time.monotonic() + 3600)
-    assert resumed.finished and [r["epoch"] for r in history] == [1, 2]
-    assert history[1]["train_loss"] == pytest.approx(full[1]["train_loss"], abs=1e-6)
+    resumed.fit(deadline=time.monotonic() + 3600, checkpoint_minutes=10)
+    assert resumed.finished
+    assert_same_run(resumed, full)
 
 
 def test_within_budget_judges_by_the_last_epoch() -> None:
@@ -87,11 +198,18 @@ def test_cli_time_budget_exits_3_and_says_how_to_continue(
     out = tmp_path / "budget"
     base = ["--data-dir", str(synthetic_mnist), "--out", str(out), "--preset", "tiny", "--batch-size", "16",
             "--epochs", "2", "--device", "cpu"]  # fmt: skip
-    assert train.main([*base, "--max-minutes", "0.0001"]) == train.EXIT_UNFINISHED
+    assert train.main([*base, "--max-minutes", "0.0001"]) == train.EXIT_UNFINISHED  # spent before the 1st step ends
     err = capsys.readouterr().err
-    assert "epoch 1 of 2" in err and f"--resume {out / 'last.pt'}" in err
+    assert f"capsnet-train: time budget spent at epoch 0 of 2; continue with --resume {out / 'last.pt'}\n" in err
+    assert torch.load(out / "last.pt", weights_only=False)["mid_epoch"]["step"] == 1  # the first step always runs
     assert train.main([*base, "--resume", str(out / "last.pt"), "--max-minutes", "60"]) == 0
     assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_cli_rejects_a_negative_checkpoint_interval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        train.main(["--data-dir", str(tmp_path), "--checkpoint-minutes", "-1"])
+    assert e.value.code == 2 and "--checkpoint-minutes must be 0 or more, got -1.0" in capsys.readouterr().err
 
 
 def test_resume_refuses_a_different_model(synthetic_mnist: Path, tmp_path: Path) -> None:
@@ -160,14 +278,12 @@ def test_cli_dry_run_on_real_mnist(real_mnist: Path) -> None:
     assert json.loads(proc.stdout.strip().splitlines()[-1])["test_n"] == 500
 
 
-@pytest.mark.slow
-def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> None:
-    out = tmp_path / "ddp"
+def torchrun_train(*args: str) -> subprocess.CompletedProcess[str]:
+    """`training.train` in two gloo processes (torchrun), in a session of its own so a hung rendezvous cannot
+    leave worker processes behind."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "training.train", "--data-dir", str(synthetic_mnist), "--out", str(out),
-           "--preset", "tiny", "--epochs", "1", "--batch-size", "8", "--device", "cpu"]  # fmt: skip
-    # A session of its own, so a hung rendezvous cannot leave worker processes behind.
+           "-m", "training.train", *args]  # fmt: skip
     with subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as proc:
@@ -177,14 +293,37 @@ def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> Non
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             pytest.fail("two-process DDP run did not finish in 240 s")
-    assert proc.returncode == 0, stderr[-3000:]
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_with_gloo(synthetic_mnist: Path, tmp_path: Path) -> None:
+    """One epoch whole, and the same epoch stopped by the budget after its first step and resumed: both ranks
+    stop at the same step, last.pt keeps each rank's place, and the resumed epoch's row is the whole one's."""
+    args = ["--data-dir", str(synthetic_mnist), "--preset", "tiny", "--epochs", "1", "--batch-size", "8",
+            "--device", "cpu"]  # fmt: skip
+    out = tmp_path / "ddp"
+    proc = torchrun_train(*args, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = (out / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 1  # only rank 0 writes
     row = json.loads(rows[0])
     assert row["epoch"] == 1
-    assert len(stdout.strip().splitlines()) == 1  # only rank 0 prints the result
+    assert len(proc.stdout.strip().splitlines()) == 1  # only rank 0 prints the result
     state = torch.load(out / "last.pt", weights_only=False)
     assert not any(k.startswith("module.") for k in state["model"])  # saved unwrapped, reloadable alone
+
+    chunks = tmp_path / "chunks"
+    stopped = torchrun_train(*args, "--out", str(chunks), "--max-minutes", "0.0001")
+    assert stopped.returncode != 0 and "time budget spent at epoch 0 of 1" in stopped.stderr, stopped.stderr[-3000:]
+    position = torch.load(chunks / "last.pt", weights_only=False)["mid_epoch"]
+    assert position["step"] == 1 and [rank["step"] for rank in position["ranks"]] == [1, 1]
+    shifts = [rank["task_state"]["shifts"] for rank in position["ranks"]]
+    assert not torch.equal(*shifts)  # each rank's own shift generator
+    resumed = torchrun_train(*args, "--out", str(chunks), "--resume", str(chunks / "last.pt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = json.loads((chunks / "metrics.jsonl").read_text())
+    assert without_timing([again]) == without_timing([row])
 
 
 def test_evaluate_cli_on_a_checkpoint(
