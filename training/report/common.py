@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from service.machine import cpu_model, load_average
 from training.checkpoint import CheckpointMismatch
 from training.config import TrainConfig
 from training.data import MNISTSplit, load_split
 from training.loop import Trainer, within_budget
-from training.machine import cpu_model, load_average, machine_description
+from training.machine import machine_description
 from training.train import ClassificationTask, mnist_trainer
 
 log = logging.getLogger(__name__)
