@@ -320,8 +320,9 @@ def report(result: dict[str, Any]) -> str:
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    """The issue's targets, each from rows of this run: served ÷ raw at the highest concurrency, the latency added
-    at concurrency 1, each model's served throughput against the first model's, raw FLOP rate ÷ GEMM rate."""
+    """The service's performance targets, each from rows of this run: served ÷ raw at the highest concurrency, the
+    latency added at concurrency 1, each model's served throughput against the first model's, raw FLOP rate ÷ GEMM
+    rate."""
     http: list[HttpRow] = result["http"]
     lines = []
     top = max((h.concurrency for h in http), default=0)

@@ -18,7 +18,7 @@ from training.report.common import (
 
 log = logging.getLogger(__name__)
 
-SERVICE_LOAD_FILE = "service_load.json"  # written by the service issue's load benchmark, rendered when present
+SERVICE_LOAD_FILE = "service_load.json"  # written by the service's load benchmark, rendered when present
 
 
 def cell(value: Any) -> str:
