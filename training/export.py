@@ -107,14 +107,7 @@ def _export_decoder(
 
 def _onnx_metrics(session: ort.InferenceSession, scores: str, num_classes: int, split: MNISTSplit) -> dict[str, Any]:
     log.info("evaluating %s on %d test images with ONNX Runtime", GRAPH_FILE, len(split))
-    result = evaluate_session(session, INPUT_NAME, scores, num_classes, split)
-    return {
-        "mnist_test_error": result.test_error,
-        "n": result.n,
-        "errors": result.errors,
-        "per_class_error": result.to_dict()["per_class_error"],
-        "evaluated_with": "onnxruntime",
-    }
+    return evaluate_session(session, INPUT_NAME, scores, num_classes, split).card_metrics("onnxruntime")
 
 
 def export_module(

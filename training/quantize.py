@@ -200,14 +200,7 @@ def _metrics(scores: np.ndarray, split: MNISTSplit, num_classes: int) -> dict[st
         errors=int((preds != split.labels).sum()),
         confusion=confusion_matrix(split.labels, preds, num_classes),
     )
-    full = result.to_dict()
-    return {
-        "mnist_test_error": full["test_error"],
-        "n": full["n"],
-        "errors": full["errors"],
-        "per_class_error": full["per_class_error"],
-        "evaluated_with": "onnxruntime",
-    }
+    return result.card_metrics("onnxruntime")
 
 
 def _diffs(
