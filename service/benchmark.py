@@ -33,6 +33,7 @@ import onnxruntime as ort
 from service.core.config import Settings, cgroup_cpu_limit
 from service.flops import GemmProbe, onnx_flops_per_image
 from service.loadgen import DRIVERS, KINDS, LoadResult, available_drivers, payload, run_load
+from service.machine import cpu_busy_percent, cpu_model, load_average
 from service.runtime.model_dir import GRAPH_FILE, ModelCard, create_session
 from service.runtime.repository import scan_repository
 
@@ -73,43 +74,18 @@ def percentile_ms(latencies: list[float], q: float) -> float:
     return float(np.percentile(np.array(latencies) * 1000.0, q)) if latencies else float("nan")
 
 
-def cpu_busy_percent(seconds: float = 1.0) -> float | None:
-    """Share of all CPUs' time spent busy over the next `seconds`, from /proc/stat (None where there is none).
-
-    Taken just before measuring: unlike the load average, which lags by about a minute, it says
-    whether something else was running at the time.
-    """
-
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields[:8]), idle  # user … steal; guest time is already inside user
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    elapsed = total1 - total0
-    return round(100.0 * (1.0 - (idle1 - idle0) / elapsed), 1) if elapsed > 0 else None
+def load_average_1m() -> float | None:
+    load = load_average()
+    return load[0] if load else None
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cpus_usable": affinity,
         "cgroup_cpu_quota": cgroup_cpu_limit(),
-        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average_1m": load_average_1m(),
         "cpu_busy_percent_before": cpu_busy_percent(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -344,8 +320,9 @@ def report(result: dict[str, Any]) -> str:
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    """The issue's targets, each from rows of this run: served ÷ raw at the highest concurrency, the latency added
-    at concurrency 1, each model's served throughput against the first model's, raw FLOP rate ÷ GEMM rate."""
+    """The service's performance targets, each from rows of this run: served ÷ raw at the highest concurrency, the
+    latency added at concurrency 1, each model's served throughput against the first model's, raw FLOP rate ÷ GEMM
+    rate."""
     http: list[HttpRow] = result["http"]
     lines = []
     top = max((h.concurrency for h in http), default=0)
@@ -523,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.terminate()
         server.wait(60)
-    result["machine"]["load_average_1m_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    result["machine"]["load_average_1m_end"] = load_average_1m()
     print()
     print(report(result))
     if args.json:

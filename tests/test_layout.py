@@ -16,6 +16,7 @@ SHARED_WITH_TRAINING = {
     MODEL_DIR_MODULE: "the model directory: export writes it, evaluation and the service read it",
     "service.runtime.ood": "the 'not a digit' score: calibration writes its card entry, the service computes it",
     "service.imaging": "the service's preprocessing of uploads, which the non-digit sets must go through",
+    "service.machine": "the torch-free machine facts (CPU model, load, busy share) both benchmarks record",
 }
 
 

@@ -14,6 +14,12 @@ INSTALL_HINT = "pip install -e '.[training]' (from a clone) or pip install 'caps
 EXIT_USAGE = 2
 
 
+def cli_error(prog: str, error: Exception) -> int:
+    """Print `error` to stderr as one line, argparse's `PROG: error: message`; return the usage exit status."""
+    print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _run(module: str, prog: str) -> int:
     try:
         main: Callable[[], int] = importlib.import_module(module).main

@@ -11,36 +11,35 @@ import copy
 import json
 import logging
 import os
-import re
 import shlex
-import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import torch
 from torch import nn
 
 from model.capsnet import count_parameters
-from service.runtime.model_dir import (
-    CARD_FILE,
-    DECODER_FILE,
-    GRAPH_FILE,
-    ModelDirError,
-    file_entries,
-    load_model_dir,
-    sha256_file,
-    write_card,
-)
+from service.runtime.model_dir import DECODER_FILE, GRAPH_FILE, sha256_file
 from training.architectures import ExportSpec, get_architecture
 from training.checkpoint import load_model, training_command
 from training.data import DATA_DIR_ENV, MNISTSplit, load_split
-from training.export_card import DECODER_INPUTS, INPUT_NAME, CardIdentity, build_card, stamp
+from training.entry import cli_error
+from training.export_card import DECODER_INPUTS, INPUT_NAME, CardIdentity, build_card
+from training.export_dir import (
+    ARTIFACTS,
+    DECODER_PROGRAM,
+    MIN_OPSET,
+    PROGRAM,
+    Artifacts,
+    check_request,
+    write_model_dir,
+)
+from training.export_dir import verify_model_dir as verify_model_dir  # re-exported: docs/model-card.md names it here
 from training.export_graphs import (
     TOLERANCES,
     TORCHSCRIPT,
@@ -51,7 +50,6 @@ from training.export_graphs import (
     class_masks,
     export_graph,
     export_program,
-    quiet_torch,
     to_numpy,
     trace_twin,
     verification_images,
@@ -61,52 +59,7 @@ from training.rebuild import PARITY_IMAGES, rebuild_model
 
 log = logging.getLogger(__name__)
 
-PROGRAM = "capsnet.pt2"  # torch.export program of forward (for AOTInductor / ExecuTorch users)
-DECODER_PROGRAM = "decoder.pt2"
-ARTIFACTS = (GRAPH_FILE, DECODER_FILE, TORCHSCRIPT, PROGRAM, DECODER_PROGRAM)
 DEFAULT_OPSET = 18
-MIN_OPSET = 18
-NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
-
-
-def verify_model_dir(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check every file of a model directory against the sha256 in its card; return the card."""
-    try:
-        return load_model_dir(path).raw_card
-    except ModelDirError as e:
-        raise ExportError(f"{path}: {e}") from e
-
-
-def _install(staging: Path, out_dir: Path) -> None:
-    """Move the verified files into out_dir (card last) and drop artifacts a previous export left behind."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ARTIFACTS:
-        if (staging / name).exists():
-            os.replace(staging / name, out_dir / name)
-        else:
-            (out_dir / name).unlink(missing_ok=True)
-    os.replace(staging / CARD_FILE, out_dir / CARD_FILE)
-
-
-def _check_request(name: str, opset: int, out_dir: Path | str) -> None:
-    if not NAME_PATTERN.fullmatch(name):
-        raise ExportError(f"model name {name!r} is not URL-safe: use [a-z0-9][a-z0-9._-]*")
-    if Path(out_dir).name != name:
-        raise ExportError(
-            f"model name {name!r} differs from its directory name {Path(out_dir).name!r}; they must match"
-        )
-    if opset < MIN_OPSET:
-        raise ExportError(f"opset {opset} is too old: use {MIN_OPSET} or newer")
-
-
-@dataclass
-class _Artifacts:
-    """What an export has built and checked against PyTorch so far; nothing is written until all of it passes."""
-
-    parity: dict[str, Any]
-    protos: dict[str, onnx.ModelProto] = field(default_factory=dict)
-    twin: torch.jit.ScriptModule | None = None
-    programs: dict[str, torch.export.ExportedProgram] = field(default_factory=dict)
 
 
 def _export_spec(model: nn.Module, arch: str, model_config: dict[str, Any]) -> ExportSpec:
@@ -139,7 +92,7 @@ class _DecoderCheck:
 
 
 def _export_decoder(
-    model: nn.Module, spec: ExportSpec, poses: np.ndarray, num_classes: int, opset: int, out: _Artifacts
+    model: nn.Module, spec: ExportSpec, poses: np.ndarray, num_classes: int, opset: int, out: Artifacts
 ) -> _DecoderCheck:
     """decoder.onnx from (poses, one-hot masks cycling through the classes), checked against PyTorch."""
     inputs = [poses, class_masks(len(poses), num_classes)]
@@ -154,14 +107,7 @@ def _export_decoder(
 
 def _onnx_metrics(session: ort.InferenceSession, scores: str, num_classes: int, split: MNISTSplit) -> dict[str, Any]:
     log.info("evaluating %s on %d test images with ONNX Runtime", GRAPH_FILE, len(split))
-    result = evaluate_session(session, INPUT_NAME, scores, num_classes, split)
-    return {
-        "mnist_test_error": result.test_error,
-        "n": result.n,
-        "errors": result.errors,
-        "per_class_error": result.to_dict()["per_class_error"],
-        "evaluated_with": "onnxruntime",
-    }
+    return evaluate_session(session, INPUT_NAME, scores, num_classes, split).card_metrics("onnxruntime")
 
 
 def export_module(
@@ -192,13 +138,13 @@ def export_module(
         metrics: merged into the card's `metrics` object (superseded by `evaluate_on`).
         evaluate_on: a split to evaluate the exported ONNX graph on with ONNX Runtime for the card's metrics.
     """
-    _check_request(name, opset, out_dir)
+    check_request(name, opset, out_dir)
     model = copy.deepcopy(model).cpu().eval()
     spec = _export_spec(model, arch, model_config)
     roles: list[str] = [o.role for o in spec.outputs]
     names = [o.name for o in spec.outputs]
     images, images_source = verification_images(verify_images, spec.input_shape, seed)
-    out = _Artifacts(parity={"images": verify_description or images_source, "tolerance": dict(TOLERANCES)})
+    out = Artifacts(parity={"images": verify_description or images_source, "tolerance": dict(TOLERANCES)})
     graph = ImageGraph(model, spec).eval()
     with torch.no_grad():
         reference = {b: to_numpy(graph(torch.from_numpy(images[:b]))) for b in VERIFY_BATCHES}
@@ -223,30 +169,7 @@ def export_module(
         metrics = _onnx_metrics(session, names[roles.index("scores")], num_classes, evaluate_on)
     identity = CardIdentity(name, version, arch, model_config, count_parameters(model))
     card = build_card(identity, spec, full, decoder_inputs, out.parity, opset, metrics, training_info)
-    return _write(Path(out_dir), card, out)
-
-
-def _write(out_dir: Path, card: dict[str, Any], artifacts: _Artifacts) -> dict[str, Any]:
-    """Write every file into a staging directory beside out_dir, hash them into the card, then move them in."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export-", dir=out_dir.parent))
-    try:
-        for file, proto in artifacts.protos.items():
-            (staging / file).write_bytes(stamp(proto, card))
-        if artifacts.twin is not None:
-            with quiet_torch():
-                torch.jit.save(artifacts.twin, str(staging / TORCHSCRIPT), _extra_files={CARD_FILE: json.dumps(card)})
-        for file, program in artifacts.programs.items():
-            with quiet_torch():
-                torch.export.save(program, str(staging / file), extra_files={CARD_FILE: json.dumps(card)})
-        files = file_entries(staging, list(ARTIFACTS))
-        card = {**card, "files": files}
-        write_card(staging, card)
-        _install(staging, out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    log.info("wrote %s: %s", out_dir, ", ".join(f"{f} ({e['bytes']:,} bytes)" for f, e in files.items()))
-    return verify_model_dir(out_dir)
+    return write_model_dir(Path(out_dir), card, out)
 
 
 def _test_split(data_dir: str | None, required: bool) -> MNISTSplit | None:
@@ -297,7 +220,7 @@ def export_checkpoint(
         data_dir: MNIST IDX directory (default: $CAPSNET_DATA_DIR); needed when `evaluate` is set.
     """
     name = name or Path(out_dir).resolve().name
-    _check_request(name, opset, Path(out_dir).resolve())
+    check_request(name, opset, Path(out_dir).resolve())
     path = Path(checkpoint)
     model, arch, state = load_model(path)
     split = _test_split(data_dir, required=evaluate)
@@ -450,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                     version=args.version or "1", **options,
                 )  # fmt: skip
     except (ValueError, FileNotFoundError) as e:  # ExportError, IDXError and checkpoint errors are ValueErrors
-        print(f"capsnet-export: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return cli_error("capsnet-export", e)
     print(json.dumps(_summary(card, out, args.dry_run)))
     return 0
 

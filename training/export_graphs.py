@@ -125,24 +125,41 @@ def to_onnx(
     return program.model_proto
 
 
-def check_graph(proto: onnx.ModelProto, file: str, inputs: list[str], outputs: list[str], opset: int) -> None:
+def check_onnx_graph(
+    proto: onnx.ModelProto,
+    file: str,
+    inputs: list[str],
+    outputs: list[str],
+    error: type[ModelDirError] = ExportError,
+) -> None:
+    """What the service needs of a graph: onnx.checker passes, no control flow, the expected inputs and outputs,
+    and a dynamic batch axis on each; else `error` naming the file."""
     try:
         onnx.checker.check_model(proto, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ExportError(f"{file}: onnx.checker rejects the graph: {e}") from e
+        raise error(f"{file}: onnx.checker rejects the graph: {e}") from e
     loops = control_flow_nodes(proto)
     if loops:
-        raise ExportError(f"{file}: routing is not unrolled, the graph has {', '.join(loops)}")
-    default_opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if default_opset < opset:
-        raise ExportError(f"{file}: opset {default_opset}, expected {opset}")
+        raise error(f"{file}: routing is not unrolled, the graph has {', '.join(loops)}")
     found_in, found_out = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
     if found_in != inputs or found_out != outputs:
-        raise ExportError(f"{file}: inputs {found_in} and outputs {found_out}, expected {inputs} and {outputs}")
+        raise error(f"{file}: inputs {found_in} and outputs {found_out}, expected {inputs} and {outputs}")
     for value in [*proto.graph.input, *proto.graph.output]:
         dim0 = value.type.tensor_type.shape.dim[0]
         if not dim0.dim_param:
-            raise ExportError(f"{file}: {value.name} has a fixed batch axis ({dim0.dim_value}); it must be dynamic")
+            raise error(f"{file}: {value.name} has a fixed batch axis ({dim0.dim_value}); it must be dynamic")
+
+
+def default_opset(proto: onnx.ModelProto) -> int:
+    """The version of the default (ai.onnx) domain the graph imports; 0 when it imports none."""
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def check_graph(proto: onnx.ModelProto, file: str, inputs: list[str], outputs: list[str], opset: int) -> None:
+    """`check_onnx_graph`, and the graph imports at least `opset`."""
+    check_onnx_graph(proto, file, inputs, outputs)
+    if default_opset(proto) < opset:
+        raise ExportError(f"{file}: opset {default_opset(proto)}, expected {opset}")
 
 
 def max_abs_diffs(

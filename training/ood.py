@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from service.runtime.model_dir import CARD_FILE, GRAPH_FILE, create_session, load_model_dir
+from service.runtime.model_dir import CARD_FILE, GRAPH_FILE, create_session, load_model_dir, read_card, write_card
 from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
 from training.data import load_split, to_float
 from training.nondigits import NONDIGIT_SETS, make_set
@@ -188,17 +188,14 @@ def run(
         **report,
     }
     if write_card:
-        _write_card(model_dir, ood)
+        write_ood_calibration(model_dir, ood)
     return report
 
 
-def _write_card(model_dir: Path, ood: dict[str, Any]) -> None:
-    """Add the `ood` object to model.json (not hashed: the files it lists are unchanged)."""
-    path = model_dir / CARD_FILE
-    card = json.loads(path.read_text())
-    card["ood"] = ood
-    path.write_text(json.dumps(card, indent=2) + "\n")
-    log.info("wrote the ood calibration to %s", path)
+def write_ood_calibration(model_dir: Path, ood: dict[str, Any]) -> None:
+    """Add the `ood` object to model.json, validated (not hashed: the files the card lists are unchanged)."""
+    write_card(model_dir, {**read_card(model_dir), "ood": ood})
+    log.info("wrote the ood calibration to %s", model_dir / CARD_FILE)
 
 
 def build_parser() -> argparse.ArgumentParser:

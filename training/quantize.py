@@ -47,9 +47,10 @@ from service.runtime.model_dir import (
     load_model_dir,
 )
 from training.data import MNISTSplit, load_split, to_float
-from training.export import _Artifacts, _check_request, _write
+from training.entry import cli_error
 from training.export_card import git_state
-from training.export_graphs import control_flow_nodes
+from training.export_dir import Artifacts, check_request, write_model_dir
+from training.export_graphs import check_onnx_graph, default_opset
 from training.results import EvalResult, confusion_matrix
 
 log = logging.getLogger(__name__)
@@ -176,23 +177,9 @@ def _quantize_graph(
 
 
 def _check_graph(proto: onnx.ModelProto, parent: dict[str, Any]) -> None:
-    """onnx.checker, no control flow, the parent's inputs and outputs, a dynamic batch axis, something quantized."""
-    try:
-        onnx.checker.check_model(proto, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise QuantizeError(f"{GRAPH_FILE}: onnx.checker rejects the quantized graph: {e}") from e
-    loops = control_flow_nodes(proto)
-    if loops:
-        raise QuantizeError(f"{GRAPH_FILE}: the quantized graph has control flow: {', '.join(loops)}")
-    inputs, outputs = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
+    """`check_onnx_graph` against the parent's inputs and outputs, and something was quantized."""
     want_in, want_out = [parent["input"]["name"]], [o["name"] for o in parent["outputs"]]
-    if inputs != want_in or outputs != want_out:
-        raise QuantizeError(
-            f"{GRAPH_FILE}: inputs {inputs} and outputs {outputs}, the parent has {want_in} and {want_out}"
-        )
-    for value in [*proto.graph.input, *proto.graph.output]:
-        if not value.type.tensor_type.shape.dim[0].dim_param:
-            raise QuantizeError(f"{GRAPH_FILE}: {value.name} lost its dynamic batch axis")
+    check_onnx_graph(proto, GRAPH_FILE, want_in, want_out, QuantizeError)
     if not any(n.op_type in ("QuantizeLinear", "QLinearConv", "ConvInteger") for n in proto.graph.node):
         raise QuantizeError(f"{GRAPH_FILE}: no op was quantized (none of the requested op types is in the graph?)")
 
@@ -213,14 +200,7 @@ def _metrics(scores: np.ndarray, split: MNISTSplit, num_classes: int) -> dict[st
         errors=int((preds != split.labels).sum()),
         confusion=confusion_matrix(split.labels, preds, num_classes),
     )
-    full = result.to_dict()
-    return {
-        "mnist_test_error": full["test_error"],
-        "n": full["n"],
-        "errors": full["errors"],
-        "per_class_error": full["per_class_error"],
-        "evaluated_with": "onnxruntime",
-    }
+    return result.card_metrics("onnxruntime")
 
 
 def _diffs(
@@ -309,7 +289,6 @@ def _card(
         {n.name for n in proto.graph.node if n.op_type.startswith("QLinear") or n.op_type in INTEGER_OPS}
         | _dequantized_weights(proto)
     )
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     card = {k: v for k, v in parent.items() if k != "files"}
     return {
         **card,
@@ -337,7 +316,7 @@ def _card(
             "path": str(parent_dir),
         },
         "export": {
-            "onnx_opset": opset,
+            "onnx_opset": default_opset(proto),
             "tools": {"onnx": onnx.__version__, "onnxruntime": ort.__version__, "python": sys.version.split()[0]},
             **git_state(),
             "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -378,7 +357,7 @@ def quantize_model_dir(
     parent_dir, out = Path(parent_dir), Path(out_dir)
     name = name or out.resolve().name
     parent = _verified_card(parent_dir)
-    _check_request(name, parent["export"]["onnx_opset"], out.resolve())
+    check_request(name, parent["export"]["onnx_opset"], out.resolve())
     if out.resolve() == parent_dir.resolve():
         raise QuantizeError(f"--out {out} is the parent model directory; write the int8 model beside it")
     train, test = _load_data(data_dir)
@@ -400,7 +379,7 @@ def quantize_model_dir(
     protos = {GRAPH_FILE: proto}
     if parent.get("decoder"):
         protos[DECODER_FILE] = onnx.load(str(parent_dir / parent["decoder"]["file"]))
-    return _write(out, card, _Artifacts(parity=parity, protos=protos))
+    return write_model_dir(out, card, Artifacts(parity=parity, protos=protos))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -509,8 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.parent, target, data_dir=args.data_dir, options=options, bounds=bounds, name=name, command=command
             )
     except (ValueError, FileNotFoundError) as e:  # QuantizeError, ModelDirError and IDXError are ValueErrors
-        print(f"capsnet-quantize: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return cli_error("capsnet-quantize", e)
     print(json.dumps(_summary(card, out, args.dry_run)))
     return 0
 

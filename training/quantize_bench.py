@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.runtime.model_dir import GRAPH_FILE, create_session, default_intra_op_threads, load_model_dir
+from training.entry import cli_error
 
 BENCH_BATCHES = (1, 32)
 
@@ -99,7 +100,6 @@ def main(argv: list[str]) -> int:
             args.baseline, args.candidate, rounds=args.rounds, seconds=args.seconds, threads=args.threads
         )
     except ValueError as e:
-        print(f"capsnet-quantize bench: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return cli_error("capsnet-quantize bench", e)
     print(json.dumps(result))
     return 0

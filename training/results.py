@@ -35,6 +35,17 @@ class EvalResult:
             **self.extra,
         }
 
+    def card_metrics(self, evaluated_with: str) -> dict[str, Any]:
+        """The model card's `metrics` object (docs/model-card.md): MNIST test error, n, errors, per-class error."""
+        full = self.to_dict()
+        return {
+            "mnist_test_error": full["test_error"],
+            "n": full["n"],
+            "errors": full["errors"],
+            "per_class_error": full["per_class_error"],
+            "evaluated_with": evaluated_with,
+        }
+
 
 def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:
     cm = np.zeros((num_classes, num_classes), dtype=np.int64)

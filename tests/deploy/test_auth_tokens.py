@@ -1,4 +1,4 @@
-"""The optional auth-tokens component (#17): the tokens Secret mounted read-only as a directory (so rotation
+"""The optional auth-tokens component: the tokens Secret mounted read-only as a directory (so rotation
 reaches the pod), CAPSNET_AUTH_TOKENS_FILE pointing at its `tokens` key, and nothing else changed: the probes and
 the NetworkPolicy are those of the same overlay without it."""
 

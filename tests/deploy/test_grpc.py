@@ -1,4 +1,4 @@
-"""The gRPC port (#20) through every overlay and component: the container port named `grpc` on the service's
+"""The gRPC port through every overlay and component: the container port named `grpc` on the service's
 CAPSNET_GRPC_PORT, the Service port with `appProtocol: grpc`, the NetworkPolicy opening it, the probes still HTTP."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bearer-token authentication (#17): the token file, its re-reading, the 401s, what stays open, start-up errors."""
+"""Bearer-token authentication: the token file, its re-reading, the 401s, what stays open, start-up errors."""
 
 from __future__ import annotations
 

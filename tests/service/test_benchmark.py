@@ -88,19 +88,3 @@ def test_flops_of_a_graph_and_the_gemm_probe(model_repository: Path) -> None:
     probe = GemmProbe(size=64)
     probe.run(0.01)
     assert np.isfinite(probe.best_gflops) and probe.best_gflops > 0
-
-
-def test_cpu_busy_percent_from_two_proc_stat_samples(monkeypatch: pytest.MonkeyPatch) -> None:
-    samples = iter(["cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 …", "cpu  250 0 150 800 100 0 0 0 0 0\ncpu0 …"])
-
-    class FakePath:
-        def __init__(self, path: str) -> None:
-            assert path == "/proc/stat"
-
-        def read_text(self) -> str:
-            return next(samples)
-
-    monkeypatch.setattr(benchmark, "Path", FakePath)
-    assert benchmark.cpu_busy_percent(seconds=0.0) == 66.7  # 200 busy of 300 jiffies
-    monkeypatch.setattr(benchmark, "Path", lambda path: (_ for _ in ()).throw(OSError("no /proc")))
-    assert benchmark.cpu_busy_percent(seconds=0.0) is None

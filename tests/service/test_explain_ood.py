@@ -43,7 +43,7 @@ def sample_images(n: int = 3) -> np.ndarray:
 @pytest.fixture(scope="module")
 def calibrated_repository(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny-ood and tiny-em-ood: tiny and tiny-em calibrated on 64 synthetic digits (threshold: 80th percentile)."""
-    from training.ood import ModelOutputs, _write_card, calibrate
+    from training.ood import ModelOutputs, calibrate, write_ood_calibration
 
     root = tmp_path_factory.mktemp("calibrated")
     images, _ = synthetic_digits(64, seed=0)
@@ -53,7 +53,7 @@ def calibrated_repository(model_repository: Path, tmp_path_factory: pytest.TempP
         card = json.loads((directory / "model.json").read_text())
         (directory / "model.json").write_text(json.dumps({**card, "name": name}))
         features, _ = ModelOutputs(directory).features((images / 255.0).astype(np.float32).reshape(-1, 1, 28, 28))
-        _write_card(directory, calibrate(features, 80.0, "64 synthetic digits", 0.99))
+        write_ood_calibration(directory, calibrate(features, 80.0, "64 synthetic digits", 0.99))
     return root
 
 

@@ -95,7 +95,7 @@ def test_every_supported_format_decodes_to_grayscale(fmt: str, params: dict[str,
     assert np.abs(np.asarray(img, np.float64) - reference()).mean() <= tolerance
 
 
-def test_supported_formats_are_the_five_of_the_issue() -> None:
+def test_supported_formats_are_png_jpeg_gif_bmp_and_webp() -> None:
     assert SUPPORTED_FORMATS == ("PNG", "JPEG", "GIF", "BMP", "WEBP")
 
 

@@ -18,7 +18,6 @@ import torch
 
 from model.capsnet import CapsNet, count_parameters
 from model.config import CapsNetConfig
-from tests.conftest import write_mnist_dir
 from training import evaluate, export, export_graphs
 from training.architectures import ARCHITECTURES
 from training.checkpoint import load_model
@@ -66,11 +65,6 @@ def exported(tiny: CapsNet, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     out = tmp_path_factory.mktemp("zoo") / "tiny-capsnet"
     card = export_module(tiny, "dynamic", tiny.cfg.to_dict(), out, name="tiny-capsnet")
     return out, card
-
-
-@pytest.fixture(scope="module")
-def mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_mnist_dir(tmp_path_factory.mktemp("data") / "mnist")
 
 
 @pytest.fixture(scope="module")

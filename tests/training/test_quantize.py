@@ -19,7 +19,6 @@ from model.config import CapsNetConfig
 from service.main import create_app
 from service.runtime.model_dir import load_model_dir, sha256_file
 from service.runtime.repository import read_model_directory
-from tests.conftest import write_mnist_dir
 from tests.service.conftest import service_settings, wait_ready
 from training import quantize
 from training.data import load_split
@@ -29,11 +28,6 @@ from training.quantize import ParityBounds, QuantizeError, QuantizeOptions, cali
 CALIBRATION = 8
 LOOSE = ParityBounds(min_agreement=0.0, max_scores=1.0, mean_scores=1.0, max_poses=1.0, mean_poses=1.0,
                      mean_reconstruction=1.0)  # fmt: skip  # an untrained tiny model: only the code is under test
-
-
-@pytest.fixture(scope="module")
-def mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_mnist_dir(tmp_path_factory.mktemp("data") / "mnist")
 
 
 @pytest.fixture(scope="module")

@@ -123,7 +123,7 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
     ]
     if saved is None:
         paper = ", ".join(f"{k} {v:.0f}%" for k, v in PAPER_AFFINE.items())
-        return "\n".join([*out, not_measured(reason), "", f"The paper's affNIST accuracy: {paper}.", ""])
+        return not_measured(out, reason, f"The paper's affNIST accuracy: {paper}.")
     res = saved.result
     matched = res["matched"]
     names = {"dynamic": "CapsNet", "baseline": "Baseline CNN"}

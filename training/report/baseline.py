@@ -63,7 +63,7 @@ def render_baseline(ctx: Context, saved: Saved | None, reason: str | None) -> st
         "",
     ]
     if saved is None:
-        return "\n".join([*out, not_measured(reason), "", "The paper: 0.39% test error.", ""])
+        return not_measured(out, reason, "The paper: 0.39% test error.")
     r = saved.result
     final = r["final"]
     rows = [

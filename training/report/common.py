@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from service.machine import cpu_model, load_average
 from training.checkpoint import CheckpointMismatch
 from training.config import TrainConfig
 from training.data import MNISTSplit, load_split
 from training.loop import Trainer, within_budget
-from training.machine import cpu_model, load_average, machine_description
+from training.machine import machine_description
 from training.train import ClassificationTask, mnist_trainer
 
 log = logging.getLogger(__name__)
@@ -213,8 +214,10 @@ def provenance(saved: Saved) -> str:
     return f"_Produced {saved.produced_at} on {where} by `{saved.command}`._"
 
 
-def not_measured(reason: str | None) -> str:
-    return f"**Not yet measured.** {reason or ''}".rstrip()
+def not_measured(intro: list[str], reason: str | None, *notes: str) -> str:
+    """A section without a result: its introduction, why it is not measured, then `notes` (e.g. the paper's figures)."""
+    paragraphs = [f"**Not yet measured.** {reason or ''}".rstrip(), *notes]
+    return "\n".join([*intro, *(line for p in paragraphs for line in (p, ""))])
 
 
 @contextmanager

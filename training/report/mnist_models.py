@@ -21,9 +21,7 @@ from training.report.common import (
     rel,
     shown,
 )
-from training.report.models import (
-    zoo_models,
-)
+from training.report.models import zoo_models
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +84,7 @@ def render_mnist_models(ctx: Context, saved: Saved | None, reason: str | None) -
     ]
     headers = ["model", "routing", "reconstruction", "test error", "card says", "n", "source"]
     if saved is None:
-        return "\n".join([*out, not_measured(reason), "", "Papers' figures:", "", md_table(headers, paper_rows), ""])
+        return not_measured(out, reason, "Papers' figures:", md_table(headers, paper_rows))
     rows, figs = [], []
     for m in saved.result["models"]:
         routing = m.get("routing") or {}

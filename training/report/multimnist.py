@@ -76,7 +76,7 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
     ]
     if saved is None:
         paper = ", ".join(f"{k} {v:.1f}%" for k, v in PAPER_MULTIMNIST.items())
-        return "\n".join([*out, not_measured(reason), "", f"The paper's error: {paper}.", ""])
+        return not_measured(out, reason, f"The paper's error: {paper}.")
     r = saved.result
     rows = [
         ["CapsNet (this run)", f"{r['parameters']:,}", r["config"]["epochs"], pct(r["test_error"]), f"{r['test_n']:,}"],

@@ -94,7 +94,7 @@ def render_perturbation(ctx: Context, saved: Saved | None, reason: str | None) -
         "",
     ]
     if saved is None:
-        return "\n".join([*out, not_measured(reason), ""])
+        return not_measured(out, reason)
     r = saved.result
     out += [f"Model: `{r['model']}` ({r['backend']}).", ""]
     if not r["trained"]:

@@ -18,7 +18,7 @@ from training.report.common import (
 
 log = logging.getLogger(__name__)
 
-SERVICE_LOAD_FILE = "service_load.json"  # written by the service issue's load benchmark, rendered when present
+SERVICE_LOAD_FILE = "service_load.json"  # written by the service's load benchmark, rendered when present
 
 
 def cell(value: Any) -> str:
@@ -31,7 +31,7 @@ def dict_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def render_service(ctx: Context) -> str:
-    """The service issue's load benchmark (`python -m service.benchmark --json FILE`), when its JSON is here."""
+    """The service's load benchmark (`python -m service.benchmark --json FILE`), when its JSON is here."""
     out = ["## 7. The service under load", ""]
     path = ctx.results / SERVICE_LOAD_FILE
     if not path.is_file():
@@ -39,10 +39,10 @@ def render_service(ctx: Context) -> str:
             "The service's throughput and latency at concurrency 1–64 and its peak resident memory come from the "
             f"service's load benchmark: run `python -m service.benchmark --json {shown(path)}` and rerun this command."
         )
-        return "\n".join([*out, not_measured(reason), ""])
+        return not_measured(out, reason)
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
-        return "\n".join([*out, not_measured(f"{shown(path)} is not the load benchmark's JSON object"), ""])
+        return not_measured(out, f"{shown(path)} is not the load benchmark's JSON object")
     produced = data.get("produced_at") or datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat(
         timespec="seconds"
     )

@@ -203,7 +203,7 @@ def render_speed(ctx: Context, saved: Saved | None, reason: str | None) -> str:
         "",
     ]
     if saved is None:
-        return "\n".join([*out, not_measured(reason), ""])
+        return not_measured(out, reason)
     r = saved.result
     m = saved.machine
     gpu = f"; GPU: {m['gpu']}" if m.get("gpu") else "; no GPU"

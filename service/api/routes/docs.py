@@ -31,8 +31,13 @@ def _page(response: HTMLResponse) -> HTMLResponse:
     return response
 
 
+def _url(request: Request, path: str) -> str:
+    """`path` under the prefix the service is mounted at (its ASGI root_path)."""
+    return f"{request.scope.get('root_path', '')}{path}"
+
+
 def _asset(request: Request, name: str) -> str:
-    return f"{request.scope.get('root_path', '')}{ASSETS_PATH}/{name}"
+    return _url(request, f"{ASSETS_PATH}/{name}")
 
 
 @router.get("/docs")
@@ -40,7 +45,7 @@ async def swagger_ui(request: Request) -> HTMLResponse:
     app = request.app
     return _page(
         get_swagger_ui_html(
-            openapi_url=f"{request.scope.get('root_path', '')}{app.openapi_url}",
+            openapi_url=_url(request, app.openapi_url),
             title=f"{app.title} - Swagger UI",
             oauth2_redirect_url="/docs/oauth2-redirect",
             swagger_js_url=_asset(request, "swagger-ui-bundle.js"),
@@ -60,7 +65,7 @@ async def redoc(request: Request) -> HTMLResponse:
     app = request.app
     return _page(
         get_redoc_html(
-            openapi_url=f"{request.scope.get('root_path', '')}{app.openapi_url}",
+            openapi_url=_url(request, app.openapi_url),
             title=f"{app.title} - ReDoc",
             redoc_js_url=_asset(request, "redoc.standalone.js"),
             redoc_favicon_url=_asset(request, "favicon.png"),
