@@ -6,7 +6,7 @@ DATA_DIR ?= ../shared/data/mnist
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark image-smoke clean
+.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark image-smoke proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ benchmark: $(VENV)/.dev-installed
 # checks it, removes it; the last line is `image capsnet-serve:cpu NNN MB`. Needs no virtual environment.
 image-smoke:
 	CAPSNET_DATA_DIR=$${CAPSNET_DATA_DIR:-$(DATA_DIR)} $(PYTHON) deploy/image_smoke.py $(IMAGE_SMOKE_ARGS)
+
+# The gRPC messages of the Open Inference Protocol: compile the .proto into the descriptor the service loads.
+proto: $(VENV)/.dev-installed
+	$(BIN)/python -m grpc_tools.protoc -I service/grpc --descriptor_set_out=service/grpc/grpc_predict_v2.binpb \
+		service/grpc/grpc_predict_v2.proto
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

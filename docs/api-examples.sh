@@ -65,6 +65,14 @@ run curl -s -F files=@seven.png "'$H/v1/perturb?low=-0.1&high=0.1&step=0.1'"
 POSES=$(cd "$WORK" && curl -s -F files=@seven.png "$H/v1/capsules" | "$BIN/python" -c 'import json,sys; print(json.dumps({"poses": json.load(sys.stdin)["capsules"][0]["poses"], "class": 7}))')
 echo "$POSES" >"$WORK/poses.json"
 run curl -s -H "'content-type: application/json'" -d @poses.json "$H/v1/decode"
+run curl -s -F files=@seven.png "$H/v1/explain"
+"$BIN/python" - "$WORK/blank.png" <<'PY'
+import sys
+from PIL import Image
+Image.new("L", (64, 64), 255).save(sys.argv[1])
+PY
+run curl -s -F files=@seven.png -F files=@blank.png "'$H/v1/classify?top_k=1'"
+run curl -s -F files=@seven.png -F files=@blank.png "'$H/v1/classify?reject_ood=true'"
 run curl -s "$H/v2"
 run curl -s -o /dev/null -w "'%{http_code}\n'" "$H/v2/health/live"
 run curl -s -o /dev/null -w "'%{http_code}\n'" "$H/v2/health/ready"

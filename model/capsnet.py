@@ -132,11 +132,15 @@ class DigitCaps(nn.Module):
         # (N_in, N_out, D_out, D_in): a separate 8x16 matrix for every (primary capsule, class) pair
         self.weight = nn.Parameter(0.01 * torch.randn(cfg.num_primary, cfg.num_classes, cfg.digit_dim, cfg.primary_dim))
 
-    def forward(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def votes(self, u: torch.Tensor) -> torch.Tensor:
+        """Primary capsules (B, N_in, D_in) -> prediction vectors û_j|i, class-major (B, N_out, N_in, D_out)."""
         u_hat = torch.einsum("ijdk,bik->bijd", self.weight, u)  # (B, N_in, N_out, D_out)
         # Class-major and contiguous for routing's batched products; measured faster in PyTorch (training, and
         # inference) and in ONNX Runtime than an einsum straight to this layout or a broadcast matmul.
-        u_hat = u_hat.transpose(1, 2).contiguous()  # (B, N_out, N_in, D_out)
+        return u_hat.transpose(1, 2).contiguous()  # (B, N_out, N_in, D_out)
+
+    def route(self, u_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """û (B, N_out, N_in, D_out) -> v (B, N_out, D_out) and the final couplings c (B, N_in, N_out)."""
         if self.cfg.routing == "sabour":
             # Training only: the same routing with a faster backward. Eval mode (evaluation, and export, which
             # traces with gradients on) keeps the plain code, so the exported graphs do not change.
@@ -144,6 +148,27 @@ class DigitCaps(nn.Module):
                 return route_sabour_fused(u_hat, self.cfg.routing_iterations, squash)
             return route_sabour(u_hat, self.cfg.routing_iterations)
         return route_normalized(u_hat, self.cfg.routing_iterations)
+
+    def forward(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.route(self.votes(u))
+
+
+def routing_map(c: torch.Tensor, u_hat: torch.Tensor, cfg: CapsNetConfig) -> torch.Tensor:
+    """How strongly each PrimaryCaps grid cell voted for each class: (B, N_out, G, G).
+
+    The final coupling coefficient c_ij of every primary capsule i to class j, weighted by the length of
+    its prediction vector |û_j|i| (a capsule that routes all its coupling to j but predicts nothing
+    contributes nothing), summed over the capsule types at each grid position.
+
+    Args:
+        c: final coupling coefficients (B, N_in, N_out), as routing returns them.
+        u_hat: prediction vectors û_j|i, class-major (B, N_out, N_in, D).
+    """
+    g = cfg.primary_grid
+    strength = torch.sqrt((u_hat * u_hat).sum(dim=-1))  # (B, N_out, N_in): |û_j|i|
+    weighted = c.transpose(1, 2) * strength  # (B, N_out, N_in)
+    # N_in is ordered (type, row, column), as PrimaryCaps flattens it
+    return weighted.reshape(-1, cfg.num_classes, cfg.primary_types, g, g).sum(dim=2)  # (B, N_out, G, G)
 
 
 class Decoder(nn.Module):
@@ -185,10 +210,17 @@ class CapsNet(nn.Module):
 
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Images (B, C, H, W) -> poses (B, N_out, D) and coupling coefficients (B, N_in, N_out)."""
+        poses, c, _ = self._encode_with_votes(x)
+        return poses, c
+
+    def _encode_with_votes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Images -> poses (B, N_out, D), couplings (B, N_in, N_out) and prediction vectors (B, N_out, N_in, D)."""
         h = F.relu(self.conv1(x))  # (B, 256, 20, 20)
         u = self.primary(h)  # (B, 1152, 8)
         with float32_region(u):
-            return self.digit(u)  # (B, 10, 16), (B, 1152, 10)
+            u_hat = self.digit.votes(u)  # (B, 10, 1152, 16)
+            poses, c = self.digit.route(u_hat)  # (B, 10, 16), (B, 1152, 10)
+        return poses, c, u_hat
 
     def class_mask(self, classes: torch.Tensor) -> torch.Tensor:
         """Class indices (B,) -> one-hot mask (B, N_out)."""
@@ -207,6 +239,16 @@ class CapsNet(nn.Module):
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> CapsNetOutput:
         """Mask with `labels` when given (training), else with the longest capsule (inference)."""
         poses, _ = self.encode(x)
+        return self._heads(x, poses, labels)
+
+    def explain(self, x: torch.Tensor) -> tuple[CapsNetOutput, torch.Tensor]:
+        """Inference outputs and the routing map (B, N_out, G, G) of `routing_map`, from one pass."""
+        poses, c, u_hat = self._encode_with_votes(x)
+        with float32_region(poses):
+            return self._heads(x, poses, None), routing_map(c, u_hat, self.cfg)
+
+    def _heads(self, x: torch.Tensor, poses: torch.Tensor, labels: torch.Tensor | None) -> CapsNetOutput:
+        """Capsule lengths and the reconstruction from the poses (B, N_out, D)."""
         with float32_region(poses):
             lengths = capsule_length(poses)  # (B, N_out)
             if self.decoder is None:

@@ -52,6 +52,12 @@ class CapsNetConfig:
         return (self.conv1_size - self.primary_kernel) // self.primary_stride + 1
 
     @property
+    def primary_receptive_field(self) -> tuple[int, int]:
+        """(size, stride) in input pixels of a PrimaryCaps grid cell: cell (r, c) sees rows r*stride to
+        r*stride + size - 1 and the same columns (17 and 2 in the paper: conv1 9x9 stride 1, then 9x9 stride 2)."""
+        return self.conv1_kernel + self.primary_kernel - 1, self.primary_stride
+
+    @property
     def num_primary(self) -> int:
         """Number of primary capsules (1152 = 6x6x32 in the paper)."""
         return self.primary_grid**2 * self.primary_types
@@ -158,5 +164,13 @@ class EMCapsNetConfig:
         base.update(overrides)
         return cls(**base)
 
+    @classmethod
+    def small(cls, **overrides: Any) -> EMCapsNetConfig:
+        """The paper's smaller network, A=64, B=8, C=D=16 (§5: 68K parameters), the one public
+        implementations train on MNIST; about a fifth of the paper preset's routing work per image."""
+        base: dict[str, Any] = dict(conv1_channels=64, primary_types=8, caps1_types=16, caps2_types=16)
+        base.update(overrides)
+        return cls(**base)
 
-EM_PRESETS: dict[str, Any] = {"paper": EMCapsNetConfig, "tiny": EMCapsNetConfig.tiny}
+
+EM_PRESETS: dict[str, Any] = {"paper": EMCapsNetConfig, "small": EMCapsNetConfig.small, "tiny": EMCapsNetConfig.tiny}

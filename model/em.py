@@ -111,10 +111,50 @@ class RoutingGeometry(nn.Module):
         return (logits - log_z).exp()
 
 
+def vote_moments(votes: torch.Tensor) -> torch.Tensor:
+    """[V, V ⊙ V] side by side, (B, P, C, N, 4, 4) -> (B, P, C, N, 2H), formed once per layer.
+
+    Every M-step and E-step of the routing is one batched matrix product against this tensor, so the
+    routing never builds a fresh (V - μ)² per iteration. `votes` may be a strided view (the layout
+    `transform` computes them in): the stack is the one copy into the layout the routing reads.
+    """
+    b, p, c, n = votes.shape[:4]
+    return torch.stack([votes, votes * votes], dim=4).reshape(b, p, c, n, 2 * H)  # (B, P, C, N, 2H)
+
+
+class VoteProducts:
+    """The routing's only access to the votes: two matrix products against vv = [V, V ⊙ V] (B, P, C, N, 2H).
+
+    `moments(w)` = w @ vv is the M-step's weighted first and second moments; `project(coef)` = vv @ coef the
+    E-step's expanded Gaussian exponent. With `record=True` every product's operand and result are kept, so
+    the gradient for vv can be assembled afterwards in a single matmul (see `FusedVoteGradient`).
+    """
+
+    def __init__(self, vv: torch.Tensor, record: bool = False) -> None:
+        self.vv = vv
+        self.record = record
+        self.weights: list[tuple[torch.Tensor, torch.Tensor]] = []  # (w (B, P, C, 1, N), w @ vv)
+        self.coefs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (coef (B, P, C, 2H, 1), vv @ coef)
+
+    def moments(self, w: torch.Tensor) -> torch.Tensor:
+        """w (B, P, C, 1, N) -> Σ_i w_ij [V_ij, V_ij²]: (B, P, C, 1, 2H)."""
+        out = w @ self.vv
+        if self.record:
+            self.weights.append((w, out))
+        return out
+
+    def project(self, coef: torch.Tensor) -> torch.Tensor:
+        """coef (B, P, C, 2H, 1) -> [V_ij, V_ij²] · coef_j: (B, P, C, N, 1)."""
+        out = self.vv @ coef
+        if self.record:
+            self.coefs.append((coef, out))
+        return out
+
+
 def m_step(
     r: torch.Tensor,
     a_in: torch.Tensor,
-    votes: torch.Tensor,
+    products: VoteProducts,
     beta_u: torch.Tensor,
     beta_a: torch.Tensor,
     lam: float,
@@ -123,30 +163,116 @@ def m_step(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Procedure 1, M-step: fit a Gaussian to each parent's weighted votes and compute its activation.
 
-    r (B|1, P, C, N), a_in (B, P, 1, N), votes (B, P, C, N, H) -> the activation logit (B, P, C, 1),
-    μ and σ² (B, P, C, 1, H), and the squared deviations (V - μ)² (B, P, C, N, H) the E-step reuses.
+    r (B|1, P, C, N), a_in (B, P, 1, N), products over vv = [V, V²] (B, P, C, N, 2H) -> the activation logit
+    (B, P, C, 1), μ, σ² and log σ² (B, P, C, H). Both moments come from one matmul over the votes:
+    σ² = Σ_i w_ij V_ij² - μ² (clamped at 0 against rounding, then floored) instead of a fresh (V - μ)².
     """
     rw = r * a_in  # R_ij a_i: (B, P, C, N)
     mass = rw.sum(dim=3, keepdim=True)  # Σ_i R_ij a_i: (B, P, C, 1)
     w = (rw / (mass + EPS)).unsqueeze(3)  # normalised weights (B, P, C, 1, N)
-    mu = w @ votes  # μ_j^h (B, P, C, 1, H)
-    sq = (votes - mu) ** 2  # (B, P, C, N, H)
-    var = w @ sq + cfg.variance_floor  # (σ_j^h)², floored (B, P, C, 1, H)
+    mu, second = products.moments(w).squeeze(3).split(H, dim=-1)  # Σ_i w_ij V_ij, Σ_i w_ij V_ij²: (B, P, C, H)
+    # Σ_i w_ij (V_ij - μ)² expanded; Σ_i w_ij = mass / (mass + EPS) falls just short of 1, hence the (2 - Σw)
+    total = mass / (mass + EPS)  # Σ_i w_ij: (B, P, C, 1)
+    var = (second - mu * mu * (2.0 - total)).clamp_min(0.0) + cfg.variance_floor  # (σ_j^h)², floored
+    log_var = var.log()  # (B, P, C, H)
     # cost^h = (β_u + log σ^h) Σ_i R_ij a_i, with the mass scaled to be ~1 per parent and the cost
     # averaged over h rather than summed (the factor 1/H is absorbed by λ and β_a).
-    log_sd = 0.5 * var.log().squeeze(3).mean(dim=-1, keepdim=True)  # mean_h log σ_j^h (B, P, C, 1)
+    log_sd = 0.5 * log_var.mean(dim=-1, keepdim=True)  # mean_h log σ_j^h (B, P, C, 1)
     cost = (mass / mass_per_parent) * (beta_u.view(1, 1, -1, 1) + log_sd)
     logit = (lam * (beta_a.view(1, 1, -1, 1) - cost)).clamp(-cfg.max_logit, cfg.max_logit)  # a_j = sigmoid(logit)
-    return logit, mu, var, sq
+    return logit, mu, var, log_var
 
 
-def e_step(logit: torch.Tensor, var: torch.Tensor, sq: torch.Tensor, geometry: RoutingGeometry) -> torch.Tensor:
+def e_step(
+    logit: torch.Tensor,
+    mu: torch.Tensor,
+    var: torch.Tensor,
+    log_var: torch.Tensor,
+    products: VoteProducts,
+    geometry: RoutingGeometry,
+) -> torch.Tensor:
     """Procedure 1, E-step in the log domain: R_ij ∝ a_j p_j(V_ij), normalised over each child's parents.
 
-    log p_j drops the constant -H/2 log 2π, which cancels in the normalisation. Returns R (B, P, C, N).
+    The Gaussian's exponent is expanded, -Σ_h (V - μ)² / 2σ² = [V, V²] · [μ/σ², -1/2σ²] - Σ_h μ²/2σ², so
+    it is one matmul against vv = [V, V²] (B, P, C, N, 2H). log p_j drops the constant -H/2 log 2π, which cancels in
+    the normalisation. Returns R (B, P, C, N).
     """
-    log_p = -(sq @ (0.5 / var).transpose(-1, -2)).squeeze(-1) - 0.5 * var.log().sum(dim=-1)  # (B, P, C, N)
+    inv = 1.0 / var  # (B, P, C, H)
+    coef = torch.cat([mu * inv, -0.5 * inv], dim=-1).unsqueeze(-1)  # (B, P, C, 2H, 1)
+    const = -0.5 * (mu * mu * inv + log_var).sum(dim=-1, keepdim=True)  # (B, P, C, 1)
+    log_p = products.project(coef).squeeze(-1) + const  # (B, P, C, N)
     return geometry.normalise(F.logsigmoid(logit) + log_p)
+
+
+def route(
+    products: VoteProducts,
+    activations: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    geometry: RoutingGeometry,
+    cfg: EMCapsNetConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The iterations of Procedure 1 over the votes behind `products`; see `em_routing`."""
+    a_in = activations.unsqueeze(2)  # (B, P, 1, N)
+    p, c, n = products.vv.shape[1:4]
+    r = geometry.init_assignment.reshape(1, p, 1, geometry.kernel_entries, 1)
+    r = r.expand(1, p, c, geometry.kernel_entries, n // geometry.kernel_entries).reshape(1, p, c, n)
+    lambdas = inverse_temperatures(cfg.routing_iterations, cfg.final_inverse_temperature)
+    for lam in lambdas[:-1]:
+        logit, mu, var, log_var = m_step(r, a_in, products, beta_u, beta_a, lam, geometry.mass_per_parent, cfg)
+        r = e_step(logit, mu, var, log_var, products, geometry)
+    logit, mu, _, _ = m_step(r, a_in, products, beta_u, beta_a, lambdas[-1], geometry.mass_per_parent, cfg)
+    return torch.sigmoid(logit).squeeze(-1), mu
+
+
+class FusedVoteGradient(torch.autograd.Function):
+    """EM routing whose backward writes the gradient of the votes once instead of once per use.
+
+    The routing reads vv only through linear products (M-step: w_t @ vv, E-step: vv @ coef_t), so
+    dL/dvv = Σ_t w_tᵀ (dL/dm_t) + Σ_t (dL/dlp_t) coef_tᵀ: one matmul of the stacked (N, K) and (K, 2H)
+    factors, K = 2T - 1. Plain autograd would write and add K vote-sized outer products. The forward runs
+    the ordinary routing on detached votes and keeps its small graph; the backward differentiates that
+    graph for the small inputs and for every product's result, then assembles dL/dV = G_V + 2 V ⊙ G_V².
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        votes: torch.Tensor,
+        activations: torch.Tensor,
+        beta_u: torch.Tensor,
+        beta_a: torch.Tensor,
+        geometry: RoutingGeometry,
+        cfg: EMCapsNetConfig,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        a_in, bu, ba = (t.detach().requires_grad_(t.requires_grad) for t in (activations, beta_u, beta_a))
+        small = [a_in, bu, ba]
+        products = VoteProducts(vote_moments(votes.detach()), record=True)
+        with torch.enable_grad():
+            a_out, mu = route(products, a_in, bu, ba, geometry, cfg)
+        ctx.graph = (small, products, a_out, mu, votes.shape)  # type: ignore[attr-defined]
+        return a_out.detach(), mu.detach()
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_a: torch.Tensor, grad_mu: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        small, products, a_out, mu, shape = ctx.graph  # type: ignore[attr-defined]
+        wanted = [t for t in small if t.requires_grad]
+        results = [out for _, out in products.weights] + [out for _, out in products.coefs]
+        grads = torch.autograd.grad([a_out, mu], wanted + results, [grad_a, grad_mu], allow_unused=True)
+        small_grads = iter(grads[: len(wanted)])
+        result_grads = [
+            torch.zeros_like(r) if g is None else g for r, g in zip(results, grads[len(wanted) :], strict=True)
+        ]
+        k = len(products.weights)
+        left = [w.transpose(-1, -2) for w, _ in products.weights] + result_grads[k:]  # each (B, P, C, N, 1)
+        right = result_grads[:k] + [coef.transpose(-1, -2) for coef, _ in products.coefs]  # each (B, P, C, 1, 2H)
+        g = torch.cat(left, dim=-1) @ torch.cat(right, dim=-2)  # dL/dvv: (B, P, C, N, 2H)
+        grad_votes = torch.addcmul(g[..., :H], products.vv[..., :H], g[..., H:], value=2.0)  # (B, P, C, N, H)
+        ctx.graph = None  # type: ignore[attr-defined]
+        out_small = [next(small_grads) if t.requires_grad else None for t in small]
+        return (grad_votes.reshape(shape), *out_small, None, None)
 
 
 def em_routing(
@@ -160,23 +286,21 @@ def em_routing(
     """EM routing, Hinton et al. 2018 Procedure 1, unrolled over cfg.routing_iterations.
 
     Args:
-        votes: V_ij (B, P_out, C_out, N, H), N = KK * B_in children per parent position.
+        votes: V_ij (B, P_out, C_out, N, 4, 4), N = KK * B_in children per parent position.
         activations: child activations a_i gathered per window, (B, P_out, N).
         beta_u, beta_a: per parent type (C_out,).
 
     Returns:
         parent activations a_j (B, P_out, C_out) and poses μ_j (B, P_out, C_out, H).
+
+    When the votes need a gradient in eager mode, the routing runs inside `FusedVoteGradient`; when
+    exporting, tracing or compiling, as plain tensor code (the same operations, differentiated by autograd).
     """
-    a_in = activations.unsqueeze(2)  # (B, P, 1, N)
-    _, p, c, n, _ = votes.shape
-    r = geometry.init_assignment.reshape(1, p, 1, geometry.kernel_entries, 1)
-    r = r.expand(1, p, c, geometry.kernel_entries, n // geometry.kernel_entries).reshape(1, p, c, n)
-    lambdas = inverse_temperatures(cfg.routing_iterations, cfg.final_inverse_temperature)
-    for lam in lambdas[:-1]:
-        logit, _, var, sq = m_step(r, a_in, votes, beta_u, beta_a, lam, geometry.mass_per_parent, cfg)
-        r = e_step(logit, var, sq, geometry)
-    logit, mu, _, _ = m_step(r, a_in, votes, beta_u, beta_a, lambdas[-1], geometry.mass_per_parent, cfg)
-    return torch.sigmoid(logit).squeeze(-1), mu.squeeze(3)
+    plain = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+    if votes.requires_grad and torch.is_grad_enabled() and not plain:
+        a_out, mu = FusedVoteGradient.apply(votes, activations, beta_u, beta_a, geometry, cfg)
+        return a_out, mu
+    return route(VoteProducts(vote_moments(votes)), activations, beta_u, beta_a, geometry, cfg)
 
 
 class PrimaryCaps(nn.Module):
@@ -199,14 +323,15 @@ class PrimaryCaps(nn.Module):
 def transform(m: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Votes V_ij = M_i W_ij for every child entry and parent type, as one batched matmul per entry.
 
-    m: child poses per window (B, P, E, B_in, H); weight: W (C, E, B_in, 4, 4). Returns (B, P, C, E*B_in, H).
+    m: child poses per window (B, P, E, B_in, H); weight: W (C, E, B_in, 4, 4). Returns (B, P, C, E*B_in, 4, 4),
+    a strided view of the matmul's output (no copy here; `vote_moments` makes the one copy).
     """
     b, p, e, i, _ = m.shape
     c, n = weight.shape[0], e * i
     rows = m.reshape(b * p, n, POSE, POSE).transpose(0, 1).reshape(n, b * p * POSE, POSE)  # (N, B*P*4, 4)
     w = weight.reshape(c, n, POSE, POSE).permute(1, 2, 0, 3).reshape(n, POSE, c * POSE)  # (N, 4, C*4)
     v = (rows @ w).reshape(n, b, p, POSE, c, POSE)  # (N, B, P, 4, C, 4)
-    return v.permute(1, 2, 4, 0, 3, 5).reshape(b, p, c, n, H)
+    return v.permute(1, 2, 4, 0, 3, 5)  # (B, P, C, N, 4, 4)
 
 
 class ConvCaps(nn.Module):
@@ -225,7 +350,7 @@ class ConvCaps(nn.Module):
 
     def forward(self, pose: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P_in, B_in, H), (B, P_in, B_in) -> poses (B, P_out, C_out, H), activations (B, P_out, C_out)."""
-        votes = transform(self.geometry.gather(pose), self.weight)  # (B, P_out, C_out, KK*B_in, H)
+        votes = transform(self.geometry.gather(pose), self.weight)  # (B, P_out, C_out, KK*B_in, 4, 4)
         a = self.geometry.gather(act).flatten(2)  # (B, P_out, KK*B_in)
         a_out, mu = em_routing(votes, a, self.beta_u, self.beta_a, self.geometry, self.cfg)
         return mu, a_out
@@ -260,13 +385,13 @@ class ClassCaps(nn.Module):
         if cfg.coordinate_addition:
             coords[..., 0, POSE - 1] = centre.view(g, 1, 1)
             coords[..., 1, POSE - 1] = centre.view(1, g, 1)
-        self.register_buffer("coordinates", coords.reshape(1, 1, 1, g * g * d, H), persistent=False)
+        self.register_buffer("coordinates", coords.reshape(1, 1, 1, g * g * d, POSE, POSE), persistent=False)
 
     def forward(self, pose: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P_in, D, H), (B, P_in, D) -> class poses (B, K, H) and activations (B, K)."""
         b, p, d, _ = pose.shape
         weight = self.weight.expand(-1, p, -1, -1, -1)  # shared over positions: (K, P_in, D, 4, 4)
-        v = transform(pose.unsqueeze(1), weight) + self.coordinates  # (B, 1, K, P_in*D, H)
+        v = transform(pose.unsqueeze(1), weight) + self.coordinates  # (B, 1, K, P_in*D, 4, 4)
         a_out, mu = em_routing(v, act.reshape(b, 1, p * d), self.beta_u, self.beta_a, self.geometry, self.cfg)
         return mu[:, 0], a_out[:, 0]
 

@@ -1,9 +1,10 @@
 """Load generators for the service benchmark: the requests it sends, and three ways to send them.
 
-Four request kinds, one image each: `v1-png` (multipart PNG upload to `/v1/models/{name}/classify`), `v1-json`
-(the same PNG as base64 JSON), `v2-json` (an Open Inference Protocol tensor as JSON numbers) and `v2-binary`
-(the tensor with the binary tensor data extension). Three drivers keep `concurrency` connections busy: a built-in
-asyncio client (`python`), and `hey` and `wrk` run as subprocesses where they are installed.
+Five request kinds, one image each: `v1-png` (multipart PNG upload to `/v1/models/{name}/classify`), `v1-json`
+(the same PNG as base64 JSON), `v2-json` (an Open Inference Protocol tensor as JSON numbers), `v2-binary`
+(the tensor with the binary tensor data extension) and `grpc` (ModelInfer over gRPC with raw tensor bytes).
+Three drivers keep `concurrency` connections busy: a built-in asyncio client (`python`, the only one for gRPC),
+and `hey` and `wrk` run as subprocesses where they are installed.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from service.grpc.load import grpc_window, infer_message
+from service.grpc.protocol import method_path
 from service.runtime.card import ModelCard
 
-KINDS = ("v1-png", "v1-json", "v2-json", "v2-binary")
+KINDS = ("v1-png", "v1-json", "v2-json", "v2-binary", "grpc")
+GRPC_CONTENT_TYPE = "application/grpc"
 DRIVERS = ("python", "hey", "wrk")
 BOUNDARY = "capsnet-benchmark-boundary"
 WRK_SCRIPT = """
@@ -91,6 +95,8 @@ def digit_png(height: int, width: int) -> bytes:
 
 def payload(card: ModelCard, kind: str) -> Payload:
     """The request of `kind` for one image, addressed to the model of `card`."""
+    if kind == "grpc":
+        return Payload(method_path("ModelInfer"), GRPC_CONTENT_TYPE, infer_message(card))
     png = digit_png(*card.image_size)
     if kind == "v1-png":
         part = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="files"; filename="digit.png"\r\n'
@@ -129,7 +135,11 @@ def available_drivers(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def run_load(driver: str, host: str, port: int, request: Payload, concurrency: int, seconds: float) -> LoadResult:
-    """Keep `concurrency` connections busy with `request` for about `seconds`."""
+    """Keep `concurrency` connections busy with `request` for about `seconds` (`port`: gRPC's for a gRPC request)."""
+    if request.content_type == GRPC_CONTENT_TYPE:
+        if driver != "python":
+            raise ValueError(f"gRPC requests need the python driver, not {driver!r}")
+        return grpc_load(f"{host}:{port}", request.body, concurrency, seconds)
     if driver == "python":
         return asyncio.run(python_load(host, port, request, concurrency, seconds))
     with tempfile.TemporaryDirectory(prefix="capsnet-bench-") as scratch:
@@ -167,6 +177,16 @@ async def python_load(host: str, port: int, request: Payload, concurrency: int, 
         requests=len(done),
         errors=sum(status != 200 for _, _, status in done),
         seconds=time.perf_counter() - start,
+        latencies_s=[end - begin for begin, end, _ in done],
+    )
+
+
+def grpc_load(target: str, message: bytes, concurrency: int, seconds: float) -> LoadResult:
+    done = asyncio.run(grpc_window(target, message, concurrency, 0.0, seconds))
+    return LoadResult(
+        requests=len(done),
+        errors=sum(status != 200 for _, _, status in done),
+        seconds=seconds,
         latencies_s=[end - begin for begin, end, _ in done],
     )
 

@@ -25,13 +25,14 @@ from pydantic.json_schema import models_json_schema
 from service.api.deps import bearer_auth
 from service.api.fastpath import FastPath
 from service.api.middleware import ServiceMiddleware
-from service.api.routes import explorer, health, inference, metrics, models, v2
+from service.api.routes import explain, explorer, health, inference, metrics, models, v2
 from service.api.routes.docs import install_docs
 from service.api.schemas import DecodeRequest, ErrorV1, ErrorV2, ImagesRequest, InferenceRequest
 from service.core.auth import TokenStore
 from service.core.config import ConfigError, Settings
 from service.core.errors import describe_errors, install_error_handlers
 from service.core.metrics import Metrics
+from service.grpc.server import GrpcServer
 from service.runtime.registry import ModelRegistry
 from service.runtime.repository import model_directories
 
@@ -52,17 +53,33 @@ NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": Fal
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Load the models in the background (readiness stays false until warm-up is over); drain them at shutdown."""
+    """Start gRPC (unless CAPSNET_GRPC_PORT is 0) and load the models in the background (readiness stays false
+    until warm-up is over); at shutdown, drain gRPC calls, then the models' queues."""
     registry: ModelRegistry = app.state.registry
+    settings: Settings = app.state.settings
+    grpc_server = None
+    if settings.grpc_port:
+        grpc_server = GrpcServer(registry, settings, app.state.metrics, check_token=app.state.check_token)
+        await grpc_server.start()
     loading = asyncio.create_task(registry.start(), name="load-models")
     loading.add_done_callback(_log_failure)
+    health = asyncio.create_task(_update_grpc_health(loading, grpc_server), name="grpc-health")
     try:
         yield
     finally:
         if not loading.done():
             await asyncio.wait([loading])
+        await health
+        if grpc_server is not None:
+            await grpc_server.stop()
         await registry.close()
         logger.info("shut down: queued requests finished")
+
+
+async def _update_grpc_health(loading: asyncio.Task[None], grpc_server: GrpcServer | None) -> None:
+    await asyncio.wait([loading])
+    if grpc_server is not None:
+        await grpc_server.update_health()
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
@@ -99,7 +116,7 @@ def include_routers(app: FastAPI, settings: Settings) -> None:
     too with `auth_metrics`. The explorer page, its static files and the API docs hold no data: always open."""
     auth = settings.auth_tokens_file is not None
     guard = [Security(bearer_auth)] if auth else []
-    for module, error in ((models, ErrorV1), (inference, ErrorV1), (v2, ErrorV2)):
+    for module, error in ((models, ErrorV1), (inference, ErrorV1), (explain, ErrorV1), (v2, ErrorV2)):
         unauthorized: dict[int | str, dict[str, Any]] = {401: {"model": error, "description": "no valid bearer token"}}
         app.include_router(module.router, dependencies=guard, responses=unauthorized if auth else None)
     app.include_router(metrics.router, dependencies=guard if settings.auth_metrics else [])
@@ -122,6 +139,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.tokens = TokenStore.from_file(settings.auth_tokens_file) if settings.auth_tokens_file else None
     app.state.metrics = Metrics()
+    # the bearer-token check of gRPC calls, the same tokens as HTTP's: (token or None) -> allowed; None: open
+    app.state.check_token = app.state.tokens.check if app.state.tokens is not None else None
     app.state.registry = ModelRegistry(settings, app.state.metrics)
     install_error_handlers(app)
     include_routers(app, settings)
@@ -151,12 +170,16 @@ async def _load_only(settings: Settings) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="capsnet-serve",
-        description="Serve every model of a model repository over HTTP (v1 API, Open Inference Protocol v2).",
+        description="Serve every model of a model repository over HTTP (v1 API, Open Inference Protocol v2) and gRPC "
+        "(Open Inference Protocol, grpc.health.v1).",
         epilog="Every setting can also be given as a CAPSNET_* environment variable (see the README's Settings); "
         "options given here win.",
     )
     parser.add_argument("--host", help="address to bind (default: CAPSNET_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default: CAPSNET_PORT or 8000)")
+    parser.add_argument(
+        "--grpc-port", type=int, help="gRPC port; 0 turns gRPC off (default: CAPSNET_GRPC_PORT or 8001)"
+    )
     parser.add_argument(
         "--model-repository",
         type=Path,
@@ -221,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {
         "host": args.host,
         "port": args.port,
+        "grpc_port": args.grpc_port,
         "model_repository": args.model_repository,
         "log_level": args.log_level,
     }

@@ -11,6 +11,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("model", "training", "service")
 MAX_LINES = 600
 MODEL_DIR_MODULE = "service.runtime.model_dir"
+# The torch-free service modules training may use, each because both sides must compute the same thing:
+SHARED_WITH_TRAINING = {
+    MODEL_DIR_MODULE: "the model directory: export writes it, evaluation and the service read it",
+    "service.runtime.ood": "the 'not a digit' score: calibration writes its card entry, the service computes it",
+    "service.imaging": "the service's preprocessing of uploads, which the non-digit sets must go through",
+}
 
 
 def module_name(path: Path) -> str:
@@ -66,11 +72,10 @@ def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
     assert cycles == []
 
 
-def test_training_reaches_service_only_through_the_model_directory(graph: dict[str, set[str]]) -> None:
+def test_training_reaches_service_only_through_the_shared_modules(graph: dict[str, set[str]]) -> None:
+    allowed = {"service", "service.runtime", *SHARED_WITH_TRAINING}
     leaks = {
-        m: sorted(
-            d for d in deps if d.startswith("service") and d not in ("service", "service.runtime", MODEL_DIR_MODULE)
-        )
+        m: sorted(d for d in deps if d.startswith("service") and d not in allowed)
         for m, deps in graph.items()
         if m.startswith("training")
     }

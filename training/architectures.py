@@ -6,7 +6,7 @@ One table keeps the train loop, evaluation and export free of per-architecture b
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import torch
@@ -26,7 +26,7 @@ class LossParts:
     parts: dict[str, torch.Tensor]
 
 
-OutputRole = Literal["scores", "poses", "reconstruction"]
+OutputRole = Literal["scores", "poses", "reconstruction", "explanation"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class ExportOutput:
     name: str
     role: OutputRole
     description: str
+    attributes: dict[str, Any] = field(default_factory=dict)  # extra fields of the card's output entry
 
 
 @dataclass(frozen=True)
@@ -102,10 +103,11 @@ def _dynamic_loss(out: Any, images: torch.Tensor, labels: torch.Tensor, progress
 
 
 def _dynamic_export_forward(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    out = cast(CapsNet, model)(images)  # masks the decoder input with the longest capsule
+    out, explanation = cast(CapsNet, model).explain(images)  # masks the decoder input with the longest capsule
     if cast(CapsNet, model).decoder is None:
-        return out.lengths, out.poses
-    return out.lengths, out.poses, out.reconstruction.reshape(images.shape)  # (N, pixels) -> (N, C, H, W)
+        return out.lengths, out.poses, explanation
+    # reconstruction (N, pixels) -> (N, C, H, W)
+    return out.lengths, out.poses, out.reconstruction.reshape(images.shape), explanation
 
 
 def _dynamic_decode(model: nn.Module, poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -122,6 +124,16 @@ def _dynamic_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
     ]
     if cfg.use_decoder:
         outputs.append(ExportOutput("reconstruction", "reconstruction", "decoder output from the longest capsule"))
+    size, stride = cfg.primary_receptive_field
+    outputs.append(
+        ExportOutput(
+            "explanation",
+            "explanation",
+            "routing map: final coupling c_ij of each primary capsule to each class times |u_hat_j|i|, summed over "
+            "the capsule types at each PrimaryCaps grid cell (Sabour et al. 2017 Procedure 1)",
+            {"receptive_field": {"size": size, "stride": stride}},
+        )
+    )
     return ExportSpec(
         outputs=tuple(outputs),
         forward=_dynamic_export_forward,
@@ -142,7 +154,7 @@ def _em_config(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
             "arch 'em' has a single routing algorithm (--routing-iterations still applies)"
         )
     if preset not in EM_PRESETS:
-        raise ValueError(f"unknown preset {preset!r} for arch 'em' (choose paper or tiny)")
+        raise ValueError(f"unknown preset {preset!r} for arch 'em' (choose paper, small or tiny)")
     return cast(EMCapsNetConfig, EM_PRESETS[preset](**clean)).to_dict()
 
 

@@ -4,7 +4,9 @@
 
 Prints the machine, then training images/s at batch 128, inference images/s at batch 1 and 128, and
 ONNX Runtime's float32 inference images/s at batch 32 for the same model with the ratio training / ORT
-(the yardstick of issue #13: a training step costs about three forward passes).
+(a training step costs about three forward passes, so training can come close to ORT's rate).
+With --arch em it also prints `em_vs_dynamic`: EM and dynamic-routing training at batch 32 and their
+ONNX Runtime inference at batches 1..64, measured in the same run, with the ratios of the EM speed targets.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
+import numpy as np
 import torch
 
 from service.runtime.model_dir import create_session
@@ -65,10 +69,12 @@ def time_inference(cfg: TrainConfig, device: torch.device, batch: int, seconds: 
 
 
 ORT_BATCH = 32  # the inference batch the training rate is compared with
+ORT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+EM_TARGETS = {"train_ratio": 0.15, "onnx_ratio": 0.14}  # EM / dynamic on the same machine
 
 
-def time_ort_inference(cfg: TrainConfig, batch: int = ORT_BATCH, seconds: float = 3.0) -> float:
-    """Images/s of ONNX Runtime (CPU, float32) on the model's ONNX graph, built in memory by the export code."""
+def time_onnx(cfg: TrainConfig, batches: tuple[int, ...], seconds: float) -> dict[int, float]:
+    """ONNX Runtime (CPU, float32) images/s of the model's ONNX graph, built in memory by the export code."""
     arch = get_architecture(cfg.arch)
     if arch.export is None:
         raise ValueError(f"architecture {cfg.arch!r} has no ONNX export")
@@ -79,29 +85,54 @@ def time_ort_inference(cfg: TrainConfig, batch: int = ORT_BATCH, seconds: float 
     example = torch.rand(2, *spec.input_shape)
     proto = to_onnx(ImageGraph(model, spec).eval(), (example,), [INPUT_NAME], outputs, DEFAULT_OPSET)
     session = create_session(proto.SerializeToString(), "cpu")
-    images = {INPUT_NAME: torch.rand(batch, *spec.input_shape).numpy()}
-    for _ in range(2):
-        session.run(outputs, images)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        session.run(outputs, images)
-        done += batch
-    return done / (time.perf_counter() - start)
+    rates = {}
+    for batch in batches:
+        images = {INPUT_NAME: np.random.default_rng(0).random((batch, *spec.input_shape), dtype=np.float32)}
+        for _ in range(2):
+            session.run(outputs, images)
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            session.run(outputs, images)
+            done += batch
+        rates[batch] = round(done / (time.perf_counter() - start), 1)
+    return rates
 
 
 def train_vs_ort(train_rate: float, cfg: TrainConfig, seconds: float) -> dict[str, float]:
     """ORT float32 batch-32 inference rate of the same model, and training rate / that rate."""
-    ort_rate = time_ort_inference(cfg, ORT_BATCH, seconds)
+    ort_rate = time_onnx(cfg, (ORT_BATCH,), seconds)[ORT_BATCH]
     return {
-        f"ort_float32_infer_images_per_s_batch{ORT_BATCH}": round(ort_rate, 1),
+        f"ort_float32_infer_images_per_s_batch{ORT_BATCH}": ort_rate,
         "train_to_ort_ratio": round(train_rate / ort_rate, 3),
+    }
+
+
+def em_vs_dynamic(preset: str, device: torch.device, steps: int, seconds: float) -> dict[str, Any]:
+    """EM against the paper's dynamic CapsNet in one run: training at batch 32, ONNX Runtime at batches 1..64.
+
+    The dynamic model is the paper's (its tiny preset when `preset` is tiny, for smoke tests).
+    """
+    em = TrainConfig(arch="em", preset=preset, batch_size=32)
+    dynamic = TrainConfig(arch="dynamic", preset="tiny" if preset == "tiny" else "paper", batch_size=32)
+    train = {"em": time_training(em, device, steps), "dynamic": time_training(dynamic, device, steps)}
+    em_ort, dyn_ort = time_onnx(em, ORT_BATCHES, seconds), time_onnx(dynamic, (32,), seconds)
+    best = max(em_ort, key=lambda b: em_ort[b])
+    return {
+        "train_images_per_s_batch32": {k: round(v, 1) for k, v in train.items()},
+        "train_ratio": round(train["em"] / train["dynamic"], 3),
+        "onnx_images_per_s_em": em_ort,
+        "onnx_images_per_s_dynamic_batch32": dyn_ort[32],
+        "onnx_best_batch_em": best,
+        "onnx_ratio": round(em_ort[best] / dyn_ort[32], 3),
+        "onnx_largest_batch_vs_best": round(em_ort[ORT_BATCHES[-1]] / em_ort[best], 3),
+        "targets": EM_TARGETS,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.benchmark", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="dynamic", choices=["dynamic", "em"], help="architecture (default: dynamic)")
-    p.add_argument("--preset", default="paper", choices=["paper", "tiny"], help="model size (default: paper)")
+    p.add_argument("--preset", default="paper", choices=["paper", "small", "tiny"], help="model size (default: paper)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
     p.add_argument(
         "--routing", default=None, choices=["sabour", "normalized"], help="routing variant (default: sabour)"
@@ -130,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if get_architecture(args.arch).export is not None:
         result |= train_vs_ort(train_rate, cfg, args.seconds)
+    if args.arch == "em":
+        result["em_vs_dynamic"] = em_vs_dynamic(args.preset, device, args.train_steps, args.seconds)
     print(json.dumps(result, indent=2))
     return 0
 

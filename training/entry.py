@@ -40,3 +40,7 @@ def export() -> int:
 
 def quantize() -> int:
     return _run("training.quantize", "capsnet-quantize")
+
+
+def ood() -> int:
+    return _run("training.ood", "capsnet-ood")

@@ -57,6 +57,7 @@ from training.export_graphs import (
     verification_images,
 )
 from training.onnx_eval import evaluate_session
+from training.rebuild import PARITY_IMAGES, rebuild_model
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +312,44 @@ def export_checkpoint(
     )  # fmt: skip
 
 
+def export_from_model_dir(
+    model_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    name: str,
+    test: MNISTSplit | None,
+    evaluate: bool = True,
+    version: str | None = None,
+    **export_options: Any,
+) -> dict[str, Any]:
+    """Rebuild the model of `model_dir` and export it again with today's export spec (e.g. to add an output).
+
+    The card keeps the old training provenance and records where the weights came from; `version`
+    defaults to the old version plus one. `out_dir` may be `model_dir` itself: nothing is written
+    until the rebuilt model reproduces the old graphs and the new export has verified itself.
+    """
+    model, card, parity = rebuild_model(model_dir, test)
+    old_version = str(card.get("version", "1"))
+    training = dict(card.get("training") or {})
+    training["rebuilt_from"] = {
+        "model": card["name"],
+        "version": old_version,
+        "sha256": {f: e["sha256"] for f, e in card["files"].items()},
+        "images": "uniform random images, seed 0" if test is None else f"MNIST test images 0-{PARITY_IMAGES - 1}",
+        "max_abs_difference": parity,
+    }
+    n = max(VERIFY_BATCHES)
+    return export_module(
+        model, card["architecture"], card["model_config"], Path(out_dir),
+        name=name, training_info=training, metrics=None if evaluate else card.get("metrics"),
+        version=version or (str(int(old_version) + 1) if old_version.isdigit() else f"{old_version}.1"),
+        evaluate_on=test if evaluate else None,
+        verify_images=None if test is None else test.images[:n],
+        verify_description=None if test is None else f"MNIST test images 0-{n - 1}",
+        **export_options,
+    )  # fmt: skip
+
+
 def _summary(card: dict[str, Any], out_dir: Path, dry_run: bool) -> dict[str, Any]:
     parity = card["export"]["parity"]
     worst = {f: max(max(d.values()) for d in parity[f].values()) for f in ARTIFACTS if f in parity}
@@ -332,14 +371,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export a training checkpoint to a verified model directory (ONNX graphs, TorchScript twin, "
         "model.json); prints a JSON summary.",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="training checkpoint (.pt) written by capsnet-train")
+    p.add_argument("checkpoint", metavar="CKPT", nargs="?", help="training checkpoint (.pt) written by capsnet-train")
+    p.add_argument(
+        "--from-model-dir",
+        metavar="DIR",
+        default=None,
+        help="instead of CKPT: rebuild the PyTorch model from an exported model directory's graphs, check that it "
+        "reproduces them, and export it again (keeps the card's training record; version + 1) (default: off)",
+    )
     p.add_argument("--out", required=True, help="model directory to write, e.g. model/zoo/capsnet-mnist (required)")
     p.add_argument(
         "--name",
         default=None,
         help="model name, [a-z0-9][a-z0-9._-]*; must equal the name of --out (default: the name of --out)",
     )
-    p.add_argument("--version", default="1", help="model version written to the card (default: 1)")
+    p.add_argument(
+        "--version",
+        default=None,
+        help="model version written to the card (default: 1; with --from-model-dir the old version + 1)",
+    )
     p.add_argument(
         "--data-dir",
         default=None,
@@ -376,18 +426,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.checkpoint is None) == (args.from_model_dir is None):
+        parser.error("give either a checkpoint CKPT or --from-model-dir DIR")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
     name = args.name or out.resolve().name
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            card = export_checkpoint(
-                args.checkpoint, Path(tmp) / name if args.dry_run else out,
-                name=name, data_dir=args.data_dir,
-                evaluate=not (args.dry_run or args.no_evaluate), opset=args.opset,
-                torchscript=not args.no_torchscript, pt2=args.pt2, version=args.version, seed=args.seed,
-            )  # fmt: skip
+            target = Path(tmp) / name if args.dry_run else out
+            evaluate = not (args.dry_run or args.no_evaluate)
+            options = dict(opset=args.opset, torchscript=not args.no_torchscript, pt2=args.pt2, seed=args.seed)
+            if args.from_model_dir is not None:
+                split = _test_split(args.data_dir, required=evaluate)
+                card = export_from_model_dir(
+                    args.from_model_dir, target, name=name, test=split, evaluate=evaluate, version=args.version,
+                    **options,
+                )  # fmt: skip
+            else:
+                card = export_checkpoint(
+                    args.checkpoint, target, name=name, data_dir=args.data_dir, evaluate=evaluate,
+                    version=args.version or "1", **options,
+                )  # fmt: skip
     except (ValueError, FileNotFoundError) as e:  # ExportError, IDXError and checkpoint errors are ValueErrors
         print(f"capsnet-export: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

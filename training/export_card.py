@@ -129,7 +129,14 @@ def build_card(
         },
         "classes": [str(k) for k in range(num_classes)],
         "outputs": [
-            {"name": o.name, "shape": output_shape(a), "datatype": "FP32", "role": o.role, "description": o.description}
+            {
+                "name": o.name,
+                "shape": output_shape(a),
+                "datatype": "FP32",
+                "role": o.role,
+                "description": o.description,
+                **o.attributes,
+            }
             for o, a in zip(spec.outputs, outputs, strict=True)
         ],
         "scores": {"output": spec.outputs[roles.index("scores")].name, "kind": spec.scores_kind},

@@ -197,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset",
         default="paper",
-        choices=["paper", "tiny"],
-        help="model size: the paper's, or tiny for smoke tests (default: paper)",
+        choices=["paper", "small", "tiny"],
+        help="model size: the paper's; small, the EM paper's A=64, B=8, C=D=16 network (--arch em only); "
+        "or tiny for smoke tests (default: paper)",
     )
     p.add_argument(
         "--routing", default=None, choices=["sabour", "normalized"], help="dynamic-routing variant (default: sabour)"

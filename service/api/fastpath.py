@@ -55,13 +55,13 @@ OPERATIONS = {
     "classify": FastOperation(
         check=lambda card: check_top_k(card, DEFAULT_TOP_K),
         result=lambda card, batch, outputs: classify_result(
-            card, batch.info, batch.array, outputs, DEFAULT_TOP_K, include_input=False
+            card, batch.info, batch.array, outputs, DEFAULT_TOP_K, include_input=False, reject_ood=False
         ),
     ),
     "capsules": FastOperation(
         check=lambda card: None,
         result=lambda card, batch, outputs: capsules_result(
-            card, batch.info, batch.array, outputs, include_input=False
+            card, batch.info, batch.array, outputs, include_input=False, reject_ood=False
         ),
     ),
 }

@@ -39,6 +39,8 @@ EXAMPLE_PREDICTION: dict[str, JsonValue] = {  # one image's classification, shar
     "probabilities": EXAMPLE_PROBABILITIES,
     "top_k": [{"class": 7, "label": "7", "score": 0.98, "probability": 0.85}],
     "preprocessing": EXAMPLE_PREPROCESSING,
+    "ood_score": 2.31,
+    "in_distribution": True,
 }
 
 
@@ -116,6 +118,15 @@ class Prediction(BaseModel):
     probabilities: list[float] = Field(description="scores / sum(scores): a distribution that sums to 1")
     top_k: list[TopK]
     preprocessing: InputInfo
+    ood_score: float | None = Field(
+        default=None,
+        description="'not a digit' score: the largest -log tail probability of the image's features under MNIST "
+        "training digits (reconstruction distance, winning capsule length, ...); null when the model's card has "
+        "no `ood` calibration",
+    )
+    in_distribution: bool | None = Field(
+        default=None, description="ood_score <= the card's calibrated threshold; null without a calibration"
+    )
 
 
 class ClassifyResponse(BaseModel):
@@ -256,6 +267,8 @@ class ModelSummary(BaseModel):
     classes: list[str] | None
     pose_shape: list[int] | None
     has_decoder: bool
+    has_explanation: bool = Field(default=False, description="the graph has a routing-map output: /explain works")
+    ood_calibrated: bool = Field(default=False, description="the card has a 'not a digit' calibration")
     execution_provider: str | None
 
 
@@ -277,6 +290,8 @@ class ModelList(BaseModel):
                             "classes": [str(c) for c in range(10)],
                             "pose_shape": [16],
                             "has_decoder": True,
+                            "has_explanation": True,
+                            "ood_calibrated": True,
                             "execution_provider": "CPUExecutionProvider",
                         }
                     ],
@@ -405,3 +420,56 @@ class ErrorV2(BaseModel):
 class ErrorV1(BaseModel):
     error: str
     type: str
+
+
+EXAMPLE_GRID: list[JsonValue] = [[0.0, 0.4, 0.1], [0.0, 1.9, 0.2], [0.0, 1.2, 0.0]]  # 3×3 here; 6×6 for MNIST
+
+
+class Explanation(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    index: int
+    class_: int = Field(serialization_alias="class", description="the class whose routing is shown")
+    label: str
+    predicted_class: int
+    share: float = Field(description="the class's part of all routed vote strength (its grid total / all classes')")
+    grid: list[list[float]] = Field(
+        description="routing map over the PrimaryCaps grid: Σ over capsule types of c_ij·|û_j|i| (6×6 for MNIST)"
+    )
+    heatmap: list[list[float]] = Field(
+        description="the grid mapped onto the input (the model's input height × width): each pixel gets the mean "
+        "weight of the grid cells whose receptive field contains it (0 where no cell sees it)"
+    )
+    preprocessing: InputInfo
+
+
+class ExplainResponse(BaseModel):
+    model_config = ConfigDict(
+        protected_namespaces=(),
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "capsnet-mnist",
+                    "model_version": "3",
+                    "receptive_field": {"size": 17, "stride": 2},
+                    "explanations": [
+                        {
+                            "index": 0,
+                            "class": 7,
+                            "label": "7",
+                            "predicted_class": 7,
+                            "share": 0.31,
+                            "grid": EXAMPLE_GRID,
+                            "heatmap": EXAMPLE_IMAGE,
+                            "preprocessing": EXAMPLE_PREPROCESSING,
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    model: str
+    model_version: str
+    receptive_field: dict[str, int] = Field(description="grid cell (r, c) sees input rows r·stride … r·stride+size−1")
+    explanations: list[Explanation]

@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Address `capsnet-serve` binds to.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port `capsnet-serve` listens on.")
+    grpc_port: int = Field(
+        default=8001,
+        ge=0,
+        le=65535,
+        description="Port of the gRPC Open Inference Protocol and health services (same host); 0 turns gRPC off.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(default=False, description="Log one line per request (the metrics count them anyway).")
     fast_path: bool = Field(
@@ -125,6 +131,12 @@ class Settings(BaseSettings):
     def _metrics_auth_needs_tokens(self) -> Settings:
         if self.auth_metrics and self.auth_tokens_file is None:
             raise ValueError("auth_metrics needs auth_tokens_file (CAPSNET_AUTH_TOKENS_FILE): no token to ask for")
+        return self
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> Settings:
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(f"grpc_port and port are both {self.port}: gRPC needs a port of its own (0 turns it off)")
         return self
 
 

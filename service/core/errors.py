@@ -56,6 +56,12 @@ class ModelCapabilityError(ServiceError):
     status, type = 409, "model_capability"
 
 
+class OutOfDistribution(ServiceError):
+    """An image the model's calibrated 'not a digit' score rejects, when the client asked for rejection."""
+
+    status, type = 422, "out_of_distribution"
+
+
 class PayloadTooLarge(ServiceError):
     status, type = 413, "payload_too_large"
 

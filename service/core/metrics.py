@@ -14,6 +14,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # protocol "http": route template, HTTP method and status code; protocol "grpc": the full method name
+        # (/inference.GRPCInferenceService/ModelInfer), method POST and the status code's name (OK, NOT_FOUND, …).
         self.requests = Counter(
             "capsnet_http_requests",
             "Requests by protocol (http, grpc), route template (or gRPC method), method and status.",

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import onnxruntime as ort
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from service.runtime.ood import OODCalibration
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +50,15 @@ class InputSpec(TensorSpec):
 
 
 class OutputSpec(TensorSpec):
-    role: Literal["scores", "poses", "reconstruction"]
+    role: Literal["scores", "poses", "reconstruction", "explanation"]
     description: str = ""
+
+
+class ReceptiveField(BaseModel):
+    """The input pixels a grid cell of the explanation sees: rows r*stride .. r*stride + size - 1, same for columns."""
+
+    size: int = Field(ge=1)
+    stride: int = Field(ge=1)
 
 
 class ScoresSpec(BaseModel):
@@ -95,7 +104,9 @@ class ModelCard(BaseModel):
     pose_shape: list[int] = Field(min_length=1)
     decoder: DecoderSpec | None = None
     metrics: dict[str, Any] | None = None
+    ood: dict[str, Any] | None = None  # the "not a digit" calibration (service.runtime.ood)
     files: dict[str, FileEntry] = Field(default_factory=dict)
+    _ood: OODCalibration | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelCard:
@@ -118,6 +129,8 @@ class ModelCard(BaseModel):
         poses = self.output_for("poses")
         if poses.shape != [-1, k, *self.pose_shape]:
             raise ValueError(f"poses output shape {poses.shape} != [-1, {k}, *pose_shape {self.pose_shape}]")
+        self._check_explanation(k)
+        self._ood = self._parse_ood()
         if self.decoder is not None:
             if self.decoder.input_named("poses").shape != poses.shape:
                 raise ValueError("decoder input 'poses' must have the poses output's shape")
@@ -126,6 +139,49 @@ class ModelCard(BaseModel):
             if self.decoder.output.shape[1:] != self.input.shape[1:]:
                 raise ValueError("decoder output must have the input image's shape")
         return self
+
+    def _check_explanation(self, k: int) -> None:
+        explanation = self.explanation
+        if explanation is None:
+            return
+        if len(explanation.shape) != 4 or explanation.shape[:2] != [-1, k]:
+            raise ValueError(f"explanation output shape {explanation.shape} != [-1, {k}, grid rows, grid columns]")
+        field = self.receptive_field
+        height, width = self.image_size
+        rows, columns = explanation.shape[2:]
+        if (rows - 1) * field.stride + field.size > height or (columns - 1) * field.stride + field.size > width:
+            raise ValueError(f"explanation receptive field {field} of a {rows}x{columns} grid exceeds the input")
+
+    def _parse_ood(self) -> OODCalibration | None:
+        if self.ood is None:
+            return None
+        try:
+            calibration = OODCalibration.from_card(self.ood)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"ood calibration is malformed: {type(e).__name__} {e}") from e
+        if calibration.needs_reconstruction and "reconstruction" not in {o.role for o in self.outputs}:
+            raise ValueError("ood calibration uses reconstruction distances but no output has role 'reconstruction'")
+        return calibration
+
+    @property
+    def ood_calibration(self) -> OODCalibration | None:
+        """The parsed `ood` object (docs/model-card.md), or None when the model has not been calibrated."""
+        return self._ood
+
+    @property
+    def explanation(self) -> OutputSpec | None:
+        """The routing-map output (role "explanation"), or None when the model has none."""
+        return next((o for o in self.outputs if o.role == "explanation"), None)
+
+    @property
+    def receptive_field(self) -> ReceptiveField:
+        """The explanation output's receptive field (a ModelDirError when the model has no explanation output)."""
+        if self.explanation is None:
+            raise ModelDirError(f"model {self.name!r} has no explanation output")
+        try:
+            return ReceptiveField.model_validate(getattr(self.explanation, "receptive_field", None))
+        except ValidationError as e:
+            raise ValueError(f"explanation output needs a receptive_field {{size, stride}}: {e}") from e
 
     def output_named(self, name: str) -> OutputSpec:
         for spec in self.outputs:

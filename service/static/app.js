@@ -2,6 +2,7 @@
 //   GET  /v1/models                      the served models (pose_shape, classes, has_decoder)
 //   POST /v1/models/{name}/capsules      lengths, poses and the 28×28 input the model received
 //   POST /v1/models/{name}/decode        a reconstruction (PNG) from poses, edited by the sliders
+//   POST /v1/models/{name}/explain       the routing map of a class over the input (PNG overlay)
 // When the service answers 401 (CAPSNET_AUTH_TOKENS_FILE is set), the page asks for a bearer token.
 "use strict";
 
@@ -20,6 +21,9 @@
     reconClass: null,
     deltas: [], // per pose dimension, added to the pose of reconClass
     reconUrl: null,
+    inputBlob: null, // the image last classified, sent again to /explain
+    explainClass: null,
+    explainUrl: null,
   };
 
   // ---- talking to the service -------------------------------------------------------------------
@@ -214,6 +218,12 @@
         "the reconstruction, the class picker and the pose sliders are turned off for it.";
     $("recon-controls").hidden = !m.has_decoder;
     $("recon-figure").hidden = !m.has_decoder;
+    const noExplanation = $("no-explanation");
+    noExplanation.hidden = m.has_explanation;
+    noExplanation.textContent = m.has_explanation
+      ? ""
+      : `Model “${m.name}” has no routing-map output, so it cannot explain its routing.`;
+    $("explain-controls").hidden = !m.has_explanation;
     resetResults();
     if (state.source) requestClassify();
   }
@@ -314,8 +324,9 @@
     const source = state.source;
     if (!model || !source || (source.kind === "canvas" && !inked)) return;
     const form = new FormData();
-    if (source.kind === "file") form.append("files", source.blob, source.name);
-    else form.append("files", await canvasBlob(), "drawing.png");
+    const blob = source.kind === "file" ? source.blob : await canvasBlob();
+    const filename = source.kind === "file" ? source.name : "drawing.png";
+    form.append("files", blob, filename);
     setStatus("Classifying…");
     let data;
     try {
@@ -328,6 +339,7 @@
     clearError();
     state.result = data.capsules[0];
     state.poseShape = data.pose_shape;
+    state.inputBlob = { blob, filename };
     renderPrediction(model, state.result);
     renderHeatmap(state.result, state.poseShape);
     if (model.has_decoder) {
@@ -335,6 +347,11 @@
       state.deltas = new Array(poseSize(state.poseShape)).fill(0);
       renderReconControls(model);
       requestDecode();
+    }
+    if (model.has_explanation) {
+      state.explainClass = state.result.predicted_class;
+      renderExplainControls(model);
+      requestExplain();
     }
     setStatus(`Predicted class ${state.result.label}.`);
   }
@@ -352,6 +369,12 @@
     $("reset-button").disabled = true;
     $("sliders-fieldset").disabled = true;
     $("recon-caption").textContent = "";
+    $("ood-info").textContent = "";
+    $("explain-class").replaceChildren();
+    $("explain-class").disabled = true;
+    $("explanation").removeAttribute("src");
+    if (state.explainUrl) URL.revokeObjectURL(state.explainUrl);
+    state.explainUrl = null;
     const input = $("model-input").getContext("2d");
     input.fillStyle = "#000";
     input.fillRect(0, 0, input.canvas.width, input.canvas.height);
@@ -363,6 +386,13 @@
 
   function renderPrediction(model, result) {
     $("predicted-class").textContent = result.label;
+    $("ood-info").textContent =
+      result.in_distribution === null || result.in_distribution === undefined
+        ? ""
+        : result.in_distribution
+          ? `Looks like a digit (not-a-digit score ${result.ood_score.toFixed(2)}).`
+          : `This does not look like a digit (not-a-digit score ${result.ood_score.toFixed(2)}, above the ` +
+            "model's calibrated threshold): the class above is a guess.";
     drawArray($("model-input"), result.preprocessing.input);
     const p = result.preprocessing;
     $("input-info").textContent = ` — ${p.inverted ? "inverted, " : ""}${p.normalized ? "MNIST-normalized" : "as sent"}`;
@@ -590,6 +620,53 @@
     requestDecode();
   }
 
+  // ---- routing explanation ----------------------------------------------------------------------
+
+  function renderExplainControls(model) {
+    const select = $("explain-class");
+    const classes = model.classes || state.result.scores.map((_, k) => String(k));
+    select.replaceChildren(
+      ...classes.map((label, k) => {
+        const predicted = k === state.result.predicted_class;
+        const option = new Option(predicted ? `${label} (predicted)` : label, String(k));
+        option.selected = k === state.explainClass;
+        return option;
+      }),
+    );
+    select.disabled = false;
+  }
+
+  async function explain() {
+    const model = state.model;
+    if (!model || !model.has_explanation || !state.inputBlob) return;
+    const cls = state.explainClass;
+    const form = new FormData();
+    form.append("files", state.inputBlob.blob, state.inputBlob.filename);
+    const response = await api(`${modelPath("explain")}?format=png&scale=8&class=${cls}`, {
+      method: "POST",
+      body: form,
+    });
+    const blob = await response.blob();
+    if (state.model !== model || !state.result) return;
+    const url = URL.createObjectURL(blob);
+    const img = $("explanation");
+    await new Promise((resolve) => {
+      img.onload = img.onerror = resolve;
+      img.src = url;
+    });
+    if (state.explainUrl) URL.revokeObjectURL(state.explainUrl);
+    state.explainUrl = url;
+    const label = model.classes ? model.classes[cls] : String(cls);
+    img.alt = `Routing map of the votes for class ${label} over the model input`;
+    $("explain-caption").textContent = `Where the primary capsules routed their votes for “${label}” (red: more)`;
+  }
+  const requestExplain = coalesce(explain);
+
+  function onExplainClass() {
+    state.explainClass = Number($("explain-class").value);
+    requestExplain();
+  }
+
   // ---- wiring -----------------------------------------------------------------------------------
 
   function init() {
@@ -611,6 +688,7 @@
     $("model-select").addEventListener("change", (e) => chooseModel(e.target.value));
     $("recon-class").addEventListener("change", onReconClass);
     $("reset-button").addEventListener("click", resetSliders);
+    $("explain-class").addEventListener("change", onExplainClass);
     loadModels();
   }
 

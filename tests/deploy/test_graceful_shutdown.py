@@ -4,6 +4,7 @@ This is what the Deployment's preStop sleep + terminationGracePeriodSeconds rely
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -15,8 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+import numpy as np
 import pytest
 
+from service.grpc import protocol
 from tests.deploy.manifests import REPO_ROOT
 from tests.service.live_server import free_port, serve_command
 
@@ -55,7 +59,12 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def server(repository: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+def grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def server(repository: Path, tmp_path: Path, grpc_port: int) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
     port = free_port()
     log = tmp_path / "server.log"
     env = {
@@ -66,6 +75,7 @@ def server(repository: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[
         "CAPSNET_MAX_QUEUE_DELAY_MS": str(QUEUE_DELAY_MS),
         "CAPSNET_SHUTDOWN_TIMEOUT_S": str(SHUTDOWN_TIMEOUT_S),
         "CAPSNET_WARMUP_RUNS": "1",
+        "CAPSNET_GRPC_PORT": str(grpc_port),
     }
     command = [*serve_command(), "--host", "127.0.0.1", "--port", str(port), "--model-repository", str(repository)]
     with log.open("wb") as out:
@@ -187,4 +197,42 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(
     assert "Traceback" not in server_log, server_log[-3000:]
 
     # 0, not -SIGTERM: uvicorn re-raises the signal after draining; service/main.py turns it into a clean exit.
+    assert returncode == 0, server_log[-3000:]
+
+
+def test_sigterm_drains_grpc_calls_and_exits_zero(
+    server: tuple[subprocess.Popen[bytes], int, Path], grpc_port: int
+) -> None:
+    proc, port, log = server
+    model = json.loads(request(port, "GET", "/v1/models")[1])["default_model"]
+    image = np.zeros((1, 1, 28, 28), np.float32)
+    message = protocol.ModelInferRequest(
+        model_name=model,
+        inputs=[{"name": "image", "datatype": "FP32", "shape": list(image.shape)}],
+        raw_input_contents=[image.tobytes()],
+    )
+
+    async def burst() -> tuple[int, list[object], float]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            infer = protocol.client_method(channel, "ModelInfer")
+            calls = [asyncio.ensure_future(infer(message, timeout=SHUTDOWN_TIMEOUT_S + 30)) for _ in range(BURST)]
+            await asyncio.sleep(1.0)  # every call received and queued in the batch held open for QUEUE_DELAY_MS
+            pending = sum(not c.done() for c in calls)
+            proc.send_signal(signal.SIGTERM)
+            terminated = time.monotonic()
+            return pending, list(await asyncio.gather(*calls, return_exceptions=True)), terminated
+
+    pending, results, terminated = asyncio.run(burst())
+    try:
+        returncode = proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"capsnet-serve still running after SIGTERM:\n{log.read_text()[-3000:]}")
+    server_log = log.read_text()
+    assert pending == BURST, "the burst must still be in flight at SIGTERM for the test to mean anything"
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, f"calls in flight at SIGTERM failed: {errors[:3]}\n{server_log[-3000:]}"
+    assert all(r.outputs[0].shape[0] == 1 for r in results)  # type: ignore[attr-defined]
+    assert time.monotonic() - terminated < SHUTDOWN_TIMEOUT_S + 5
+    assert "gRPC stopped: calls in flight finished" in server_log
+    assert "Traceback" not in server_log, server_log[-3000:]
     assert returncode == 0, server_log[-3000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -11,20 +12,26 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import model.em as em_module
 from model.capsnet import count_parameters
 from model.config import EMCapsNetConfig
 from model.em import (
     EMCapsNet,
     RoutingGeometry,
+    VoteProducts,
     em_routing,
     inverse_temperatures,
     receptive_field_centres,
+    route,
     transform,
+    vote_moments,
 )
 from model.losses import spread_loss, spread_margin
 from training import train
 from training.architectures import get_architecture
 from training.data import load_split, to_float
+
+from . import em_reference
 
 EDGE_IMAGES = {
     "zeros": torch.zeros(3, 1, 28, 28),
@@ -43,6 +50,15 @@ def test_paper_config_sizes_and_parameter_count() -> None:
     assert (cfg.primary_grid, cfg.caps1_grid, cfg.caps2_grid) == (14, 6, 4)
     # Conv1 832 + PrimaryCaps 16,896 + 1,056 + ConvCaps1/2 147,456 + 64 each + ClassCaps 5,120 + 20
     assert count_parameters(EMCapsNet(cfg)) == 318_964
+
+
+def test_small_preset_is_the_papers_smaller_network() -> None:
+    cfg = EMCapsNetConfig.small()
+    assert (cfg.conv1_channels, cfg.primary_types, cfg.caps1_types, cfg.caps2_types) == (64, 8, 16, 16)
+    assert count_parameters(EMCapsNet(cfg)) == 68_444  # "68K" in Hinton et al. 2018 §5
+    assert get_architecture("em").make_config("small", {}) == cfg.to_dict()
+    with pytest.raises(ValueError, match="unknown preset 'small' for arch 'dynamic'"):
+        get_architecture("dynamic").make_config("small", {})
 
 
 def test_config_round_trips_and_validates() -> None:
@@ -107,7 +123,7 @@ def test_extreme_weights_stay_finite() -> None:
 
 def test_transform_is_the_matrix_product_of_pose_and_weight() -> None:
     m, w = torch.randn(2, 3, 5, 4, 16), torch.randn(6, 5, 4, 4, 4)
-    expected = torch.einsum("bpeixy,ceiyz->bpceixz", m.reshape(2, 3, 5, 4, 4, 4), w).reshape(2, 3, 6, 20, 16)
+    expected = torch.einsum("bpeixy,ceiyz->bpceixz", m.reshape(2, 3, 5, 4, 4, 4), w).reshape(2, 3, 6, 20, 4, 4)
     torch.testing.assert_close(transform(m, w), expected)
 
 
@@ -184,7 +200,8 @@ def test_routing_matches_a_direct_transcription_of_procedure_1(iterations: int) 
     a = torch.rand(n, dtype=torch.float64)
     beta_u, beta_a = torch.randn(c, dtype=torch.float64), torch.randn(c, dtype=torch.float64)
     geometry = RoutingGeometry.dense(child_positions=n, child_types=1, parent_types=c)
-    got_a, got_mu = em_routing(votes.transpose(0, 1)[None, None], a[None, None], beta_u, beta_a, geometry, cfg)
+    v = votes.transpose(0, 1).reshape(1, 1, c, n, 4, 4)
+    got_a, got_mu = em_routing(v, a[None, None], beta_u, beta_a, geometry, cfg)
     want_a, want_mu = reference_em(votes, a, beta_u, beta_a, cfg)
     torch.testing.assert_close(got_a[0, 0], want_a)
     torch.testing.assert_close(got_mu[0, 0], want_mu)
@@ -317,3 +334,80 @@ def test_onnx_export_torchscript_exporter_matches_pytorch(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_onnx_export_dynamo_exporter_matches_pytorch(tmp_path: Path) -> None:
     export_and_compare(tmp_path, dynamo=True)
+
+
+ROUTING_CASES = {  # name: (geometry, child positions, child types, parent types)
+    "conv_stride2": (lambda: RoutingGeometry.convolution(5, 3, 2, 3, 4), 25, 3, 4),
+    "conv_stride1": (lambda: RoutingGeometry.convolution(4, 3, 1, 2, 3), 16, 2, 3),
+    "dense": (lambda: RoutingGeometry.dense(6, 2, 5), 6, 2, 5),
+}
+
+
+def routing_inputs(case: str, seed: int = 0) -> tuple[RoutingGeometry, int, list[torch.Tensor]]:
+    """Float64 votes (as the strided view `transform` returns), activations and β's for a tiny geometry."""
+    make, positions, child_types, parent_types = ROUTING_CASES[case]
+    geometry = make()
+    g = torch.Generator().manual_seed(seed)
+    p, n = geometry.num_positions_out, geometry.kernel_entries * child_types
+    votes = 0.5 * torch.randn(n, 2, p, parent_types, 4, 4, generator=g, dtype=torch.float64)
+    votes = votes.permute(1, 2, 3, 0, 4, 5)  # (B, P, C, N, 4, 4), not contiguous
+    a = torch.rand(2, p, n, generator=g, dtype=torch.float64)
+    betas = [torch.randn(parent_types, generator=g, dtype=torch.float64) for _ in range(2)]
+    return geometry, positions, [t.requires_grad_(True) for t in (votes, a, *betas)]
+
+
+def outputs_and_grads(fn: object, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The routing's outputs and the gradients of a loss that uses both outputs, for every input."""
+    a_out, mu = fn(*inputs)  # type: ignore[operator]
+    loss = (a_out * torch.linspace(-1, 1, a_out.numel(), dtype=a_out.dtype).view_as(a_out)).sum() + mu.sin().sum()
+    return [a_out, mu, *torch.autograd.grad(loss, inputs)]
+
+
+@pytest.mark.parametrize("iterations", [1, 2, 3])
+@pytest.mark.parametrize("case", list(ROUTING_CASES))
+def test_fast_routing_matches_the_straightforward_reference(case: str, iterations: int) -> None:
+    """Outputs and gradients (votes, activations, β_u, β_a) of both fast paths equal the reference's."""
+    cfg = EMCapsNetConfig.tiny(routing_iterations=iterations)
+    geometry, positions, inputs = routing_inputs(case)
+
+    def reference(v: torch.Tensor, a: torch.Tensor, bu: torch.Tensor, ba: torch.Tensor) -> object:
+        return em_reference.em_routing(v.reshape(*v.shape[:4], 16), a, bu, ba, geometry, cfg, positions)
+
+    def fused(v: torch.Tensor, a: torch.Tensor, bu: torch.Tensor, ba: torch.Tensor) -> object:
+        return em_routing(v, a, bu, ba, geometry, cfg)  # votes need a gradient: FusedVoteGradient
+
+    def plain(v: torch.Tensor, a: torch.Tensor, bu: torch.Tensor, ba: torch.Tensor) -> object:
+        return route(VoteProducts(vote_moments(v)), a, bu, ba, geometry, cfg)  # what export and compile run
+
+    want = outputs_and_grads(reference, inputs)
+    names = ["a", "mu", "dV", "da", "dbu", "dba"]
+    for fn in (fused, plain):
+        for got, expected, name in zip(outputs_and_grads(fn, inputs), want, names, strict=True):
+            label = f"{fn.__name__} {name}"
+            torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10, msg=lambda m, label=label: f"{label}: {m}")
+
+
+def test_fused_gradient_is_used_in_training_and_not_at_inference() -> None:
+    geometry, _, (votes, a, bu, ba) = routing_inputs("conv_stride2")
+    cfg = EMCapsNetConfig.tiny()
+    a_out, _ = em_routing(votes, a, bu, ba, geometry, cfg)
+    assert type(a_out.grad_fn).__name__ == "FusedVoteGradientBackward"
+    with torch.no_grad():
+        assert em_routing(votes, a, bu, ba, geometry, cfg)[0].grad_fn is None
+
+
+def test_network_gradients_match_plain_autograd() -> None:
+    """The whole tiny network: gradients through FusedVoteGradient equal those of plain autograd."""
+    net, x = tiny_net().train(), torch.rand(3, 1, 28, 28)
+    labels = torch.tensor([0, 3, 9])
+
+    def grads() -> list[torch.Tensor]:
+        out = net(x)
+        loss = spread_loss(out.activations, labels, 0.5) + out.poses.square().mean()
+        return list(torch.autograd.grad(loss, list(net.parameters())))
+
+    fused = grads()
+    with mock.patch.object(em_module.torch.compiler, "is_compiling", return_value=True):  # the plain path
+        plain = grads()
+    for (name, _), f, p in zip(net.named_parameters(), fused, plain, strict=True):
+        torch.testing.assert_close(f, p, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")

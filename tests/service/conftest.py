@@ -148,6 +148,7 @@ def service_settings(repository: Path, **overrides: Any) -> Settings:
         max_batch_size=8,
         default_model=None,
         provider="cpu",
+        grpc_port=0,  # tests that speak gRPC ask for a free port
     )
     base.update(overrides)
     return Settings(**base)

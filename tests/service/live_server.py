@@ -48,7 +48,7 @@ def wait_until_ready(base: str, process: subprocess.Popen[str], timeout_s: float
 def running_server(repository: Path, **env: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """Start capsnet-serve on `repository` with extra CAPSNET_* settings; yield (base URL, process) once ready."""
     port = free_port()
-    settings = {"CAPSNET_INTRA_OP_THREADS": "1", "CAPSNET_WARMUP_RUNS": "1", **env}
+    settings = {"CAPSNET_INTRA_OP_THREADS": "1", "CAPSNET_WARMUP_RUNS": "1", "CAPSNET_GRPC_PORT": "0", **env}
     process = subprocess.Popen(
         [*serve_command(), "--host", "127.0.0.1", "--port", str(port), "--model-repository", str(repository)],
         cwd=REPO_ROOT,

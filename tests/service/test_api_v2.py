@@ -54,6 +54,7 @@ def test_model_metadata(client: TestClient) -> None:
             {"name": "lengths", "datatype": "FP32", "shape": [-1, 10]},
             {"name": "poses", "datatype": "FP32", "shape": [-1, 10, 8]},
             {"name": "reconstruction", "datatype": "FP32", "shape": [-1, 1, 28, 28]},
+            {"name": "explanation", "datatype": "FP32", "shape": [-1, 10, 6, 6]},
         ],
         "parameters": {"execution_provider": "CPUExecutionProvider", "architecture": "dynamic"},
     }
@@ -67,7 +68,7 @@ def test_infer_returns_every_output_exactly(client: TestClient, model_repository
     assert list(body) == ["model_name", "model_version", "id", "outputs"]
     assert (body["model_name"], body["model_version"], body["id"]) == (TINY, "1", "req-7")
     expected = run_graph(model_repository, TINY, "capsnet.onnx", {"image": IMAGES})
-    assert [o["name"] for o in body["outputs"]] == ["lengths", "poses", "reconstruction"]
+    assert [o["name"] for o in body["outputs"]] == ["lengths", "poses", "reconstruction", "explanation"]
     for out in body["outputs"]:
         assert out["datatype"] == "FP32"
         assert out["shape"] == list(expected[out["name"]].shape)
@@ -152,7 +153,7 @@ def test_binary_tensor_extension(client: TestClient, model_repository: Path) -> 
         ({"inputs": infer_body()["inputs"] * 2}, "inputs ['image', 'image'] name a tensor more than once"),
         (
             infer_body(outputs=[{"name": "logits"}]),
-            "unknown output 'logits'; model 'tiny' has outputs ['lengths', 'poses', 'reconstruction']",
+            "unknown output 'logits'; model 'tiny' has outputs ['lengths', 'poses', 'reconstruction', 'explanation']",
         ),
         ({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32"}]}, "input 'image' has no data"),
         ({"outputs": []}, "invalid request body: inputs: Field required"),

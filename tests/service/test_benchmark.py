@@ -25,7 +25,7 @@ def test_benchmark_prints_raw_and_service_tables(
 ) -> None:
     out = tmp_path / "bench.json"
     args = ["--model-repository", str(model_repository), "--models", f"{TINY},{NO_DECODER}", "--threads", "1",
-            "--batches", "1,4", "--kinds", "v1-png,v2-binary", "--drivers", "python", "--concurrency", "1,4",
+            "--batches", "1,4", "--kinds", "v1-png,v2-binary,grpc", "--drivers", "python", "--concurrency", "1,4",
             "--duration", "0.4", "--rounds", "2", "--json", str(out)]  # fmt: skip
     benchmark.main(args)
     text = capsys.readouterr().out
@@ -34,20 +34,23 @@ def test_benchmark_prints_raw_and_service_tables(
     assert f"{TINY}, v1 PNG via python at concurrency 1: p50" in text
     assert f"served v1 PNG at concurrency 4 via python: {NO_DECODER}" in text
     assert "of this machine's float32 GEMM rate" in text
+    assert f"{TINY}, gRPC via python at concurrency 1: p50" in text and "(target <= +0.5 ms)" in text
+    assert f"{TINY}, gRPC at concurrency 4:" in text and "(target >= 0.85)" in text
     result = json.loads(out.read_text())
     assert [(r["model"], r["batch"]) for r in result["raw"]] == [(m, b) for m in (TINY, NO_DECODER) for b in (1, 4)]
     assert result["command"].startswith("python -m service.benchmark --model-repository") and result["produced_at"]
     cells = [(h["model"], h["kind"], h["concurrency"]) for h in result["http"]]
-    assert cells == [(m, k, c) for m in (TINY, NO_DECODER) for k in ("v1-png", "v2-binary") for c in (1, 4)]
+    assert cells == [(m, k, c) for m in (TINY, NO_DECODER) for k in ("v1-png", "v2-binary", "grpc") for c in (1, 4)]
     assert all(h["errors"] == 0 and h["throughput"] > 0 and h["raw_cpu_ms"] > 0 for h in result["http"])
     if os.path.exists("/proc/self/stat"):
         assert all(h["server_cpu_ms"] > 0 for h in result["http"])
+    if os.path.exists("/proc/self/status"):
         assert result["server_peak_rss_mib"] > 10
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not EXTERNAL, reason="neither hey nor wrk is installed (apt-get install hey wrk)")
-@pytest.mark.parametrize("kind", loadgen.KINDS)
+@pytest.mark.parametrize("kind", [k for k in loadgen.KINDS if k != "grpc"])  # gRPC: the built-in client only
 def test_outside_drivers_send_every_request_kind(model_repository: Path, kind: str) -> None:
     """hey and wrk, run as subprocesses, get 200s for each request kind (a wrong body or header would not)."""
     card = next(m.card for m in scan_repository(model_repository) if m.name == TINY)

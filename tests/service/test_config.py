@@ -71,3 +71,12 @@ def test_threads_follow_the_quota_not_the_host(tmp_path: Path, monkeypatch: pyte
 def test_unreadable_cgroup_quota_falls_back_to_the_cpus(tmp_path: Path, text: str) -> None:
     write(tmp_path / "cpu.max", text)
     assert cgroup_cpu_limit(tmp_path) is None
+
+
+def test_grpc_port_default_and_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in config.os.environ if n.startswith("CAPSNET_")]:
+        monkeypatch.delenv(name)
+    assert Settings().grpc_port == 8001
+    assert Settings(grpc_port=0, port=8000).grpc_port == 0  # gRPC off
+    with pytest.raises(ValueError, match="grpc_port and port are both 9000: gRPC needs a port of its own"):
+        Settings(port=9000, grpc_port=9000)

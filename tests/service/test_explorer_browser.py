@@ -276,6 +276,26 @@ def test_reconstruction_loads_and_the_sliders_change_it(tab: Tab, server: Server
     tab.check_clean()
 
 
+EXPLANATION_SIZE = "() => { const i = document.getElementById('explanation'); return i.complete ? i.naturalWidth : 0; }"
+
+
+def test_routing_explanation_shows_and_switches_class(tab: Tab, server: Server) -> None:
+    page = tab.page
+    model = server.default
+    assert model["has_explanation"], "the default model should have the routing-map output"
+    draw_seven(page)
+    predicted = wait_prediction(page)
+    wait_until(page, f"() => ({EXPLANATION_SIZE})() > 0")
+    assert page.evaluate(EXPLANATION_SIZE) == 28 * 8  # the 28×28 overlay at scale 8
+    assert f"“{predicted}”" in str(page.locator("#explain-caption").text_content())
+    other = next(c for c in model["classes"] if c != predicted)
+    page.select_option("#explain-class", index=model["classes"].index(other))
+    wait_until(page, f"() => document.getElementById('explain-caption').textContent.includes('“{other}”')")
+    wait_idle(page)
+    assert page.locator("#error").is_hidden()
+    tab.check_clean()
+
+
 def mnist_png(data_dir: Path, index: int) -> tuple[bytes, int]:
     from training.data import load_split
 
@@ -343,6 +363,9 @@ def test_a_model_without_decoder_shows_4x4_poses_and_no_reconstruction(tab: Tab,
     notice = page.locator("#no-decoder")
     assert notice.is_visible() and "no decoder" in str(notice.text_content())
     assert page.locator("#recon-controls").is_hidden() and page.locator("#recon-figure").is_hidden()
+    no_explanation = page.locator("#no-explanation")
+    assert no_explanation.is_visible() and "cannot explain its routing" in str(no_explanation.text_content())
+    assert page.locator("#explain-controls").is_hidden()
     screenshot(page, "explorer-no-decoder.png")
     tab.check_clean()
 

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 import service.api.fastpath as fastpath
 from service.api.fastpath import address
 from tests.service.conftest import NO_DECODER, TINY, digit_image, png_bytes
+from tests.service.test_explain_ood import CALIBRATED, calibrated_repository  # noqa: F401 (a fixture)
 
 TOKEN = "fast-path-token"
 PNG = png_bytes(digit_image())
@@ -79,6 +80,23 @@ def test_the_fast_path_answers_plain_requests_exactly_as_the_route(
     assert [r["preprocessing"]["inverted"] for r in results] == [False, True]
 
 
+@pytest.mark.parametrize("operation", ["classify", "capsules"])
+def test_the_not_a_digit_fields_are_the_routes_too(
+    make_client: Callable[..., TestClient],
+    calibrated_repository: Path,
+    served: list[str],
+    operation: str,  # noqa: F811
+) -> None:
+    fast = make_client(calibrated_repository, default_model=CALIBRATED)
+    routed = make_client(calibrated_repository, default_model=CALIBRATED, fast_path=False)
+    files = [("files", ("a.png", PNG, "image/png")), ("files", ("b.png", DARK_PNG, "image/png"))]
+    path = f"/v1/models/{CALIBRATED}/{operation}"
+    got = answer(fast, path, files=files)
+    assert served == [path] and got == answer(routed, path, files=files)
+    results = got[1]["predictions" if operation == "classify" else "capsules"]
+    assert all(r["ood_score"] is not None and isinstance(r["in_distribution"], bool) for r in results)
+
+
 def test_json_bodies_take_the_fast_path_too(pair: tuple[TestClient, TestClient], served: list[str]) -> None:
     fast, routed = pair
     body = {"images": [{"array": (digit_image() / 255.0).tolist()}]}
@@ -97,6 +115,7 @@ FALL_THROUGH: list[tuple[str, str, dict[str, Any], int, str]] = [
     ("no images", "/v1/capsules", {"files": [("f", (None, b"1"))]}, 400, "unexpected form field"),
     ("unknown model", "/v1/models/absent/classify", ONE_PNG, 404, ""),
     ("query option", "/v1/classify?top_k=0", ONE_PNG, 400, "top_k"),
+    ("reject_ood", "/v1/classify?reject_ood=true", ONE_PNG, 409, "calibration"),
     ("no boundary", "/v1/classify", {"content": b"--x\r\n", "headers": {"content-type": MULTIPART}}, 400, "boundary"),
     ("no part", "/v1/capsules", NO_PART, 400, "no images"),
 ]  # fmt: skip

@@ -83,7 +83,7 @@ def test_stock_triton_client_works_unchanged(server: tuple[str, subprocess.Popen
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(TINY)
     assert client.get_server_metadata()["name"] == "capsnet-serve"
     metadata = client.get_model_metadata(TINY)
-    assert [o["name"] for o in metadata["outputs"]] == ["lengths", "poses", "reconstruction"]
+    assert [o["name"] for o in metadata["outputs"]] == ["lengths", "poses", "reconstruction", "explanation"]
     images = np.random.default_rng(0).random((2, 1, 28, 28), dtype=np.float32)
     results = {}
     for binary in (True, False):  # the client's default (binary tensors), then JSON

@@ -110,7 +110,9 @@ def test_card_describes_the_model(tiny: CapsNet, exported: tuple[Path, dict[str,
         ("lengths", [-1, 10], "scores", "FP32"),
         ("poses", [-1, 10, 8], "poses", "FP32"),
         ("reconstruction", [-1, 1, 28, 28], "reconstruction", "FP32"),
+        ("explanation", [-1, 10, 6, 6], "explanation", "FP32"),
     ]
+    assert card["outputs"][-1]["receptive_field"] == {"size": 17, "stride": 2}
     assert all(o["description"] for o in card["outputs"])
     assert card["scores"] == {"output": "lengths", "kind": "capsule_length"}
     assert card["pose_shape"] == [8]
@@ -127,8 +129,10 @@ def test_card_describes_the_model(tiny: CapsNet, exported: tuple[Path, dict[str,
 
 def test_card_records_parity_within_tolerance(exported: tuple[Path, dict[str, Any]]) -> None:
     parity = exported[1]["export"]["parity"]
-    assert parity["tolerance"] == {"scores": 1e-4, "poses": 1e-4, "reconstruction": 1e-3}
-    tolerance = {"lengths": 1e-4, "poses": 1e-4, "reconstruction": 1e-3, "decode.reconstruction": 1e-3}
+    assert parity["tolerance"] == {"scores": 1e-4, "poses": 1e-4, "reconstruction": 1e-3, "explanation": 1e-3}
+    tolerance = {
+        "lengths": 1e-4, "poses": 1e-4, "reconstruction": 1e-3, "explanation": 1e-3, "decode.reconstruction": 1e-3,
+    }  # fmt: skip
     for file in ("capsnet.onnx", "decoder.onnx", "capsnet.ts"):
         assert set(parity[file]) == {"batch_1", "batch_64"}
         for diffs in parity[file].values():
@@ -139,7 +143,7 @@ def test_card_records_parity_within_tolerance(exported: tuple[Path, dict[str, An
 @pytest.mark.parametrize(
     ("file", "inputs", "outputs"),
     [
-        ("capsnet.onnx", ["image"], ["lengths", "poses", "reconstruction"]),
+        ("capsnet.onnx", ["image"], ["lengths", "poses", "reconstruction", "explanation"]),
         ("decoder.onnx", ["poses", "mask"], ["reconstruction"]),
     ],
 )
@@ -178,9 +182,11 @@ def test_metadata_props_carry_the_card_without_files(exported: tuple[Path, dict[
 def test_onnx_runtime_matches_pytorch(tiny: CapsNet, exported: tuple[Path, dict[str, Any]], batch: int) -> None:
     images = random_images(batch)
     with torch.no_grad():
-        ref = tiny(torch.from_numpy(images))
-    lengths, poses, recon = session(exported[0] / "capsnet.onnx").run(None, {"image": images})
+        ref, routing = tiny.explain(torch.from_numpy(images))
+    lengths, poses, recon, explanation = session(exported[0] / "capsnet.onnx").run(None, {"image": images})
     assert lengths.shape == (batch, 10) and poses.shape == (batch, 10, 8) and recon.shape == (batch, 1, 28, 28)
+    assert explanation.shape == (batch, 10, 6, 6)
+    assert np.abs(explanation - routing.numpy()).max() <= 1e-3
     assert np.abs(lengths - ref.lengths.numpy()).max() <= 1e-4
     assert np.abs(poses - ref.poses.numpy()).max() <= 1e-4
     assert np.abs(recon - ref.reconstruction.numpy().reshape(batch, 1, 28, 28)).max() <= 1e-3
@@ -191,7 +197,7 @@ def test_decoder_reconstructs_from_any_class_and_edited_poses(
 ) -> None:
     out = exported[0]
     images = random_images(8)
-    lengths, poses, recon = session(out / "capsnet.onnx").run(None, {"image": images})
+    lengths, poses, recon, _ = session(out / "capsnet.onnx").run(None, {"image": images})
     decoder = session(out / "decoder.onnx")
     own = np.eye(10, dtype=np.float32)[lengths.argmax(axis=1)]
     (same,) = decoder.run(None, {"poses": poses, "mask": own})
@@ -216,7 +222,8 @@ def test_torchscript_twin_matches_pytorch_and_carries_the_card(
     for batch in (1, 64):
         x = torch.from_numpy(random_images(batch, seed=batch))
         with torch.no_grad():
-            ref, (lengths, poses, recon) = tiny(x), twin(x)
+            ref, (lengths, poses, recon, explanation) = tiny(x), twin(x)
+            assert (explanation - tiny.explain(x)[1]).abs().max() <= 1e-3
             assert (lengths - ref.lengths).abs().max() <= 1e-4 and (poses - ref.poses).abs().max() <= 1e-4
             assert (recon.flatten(1) - ref.reconstruction).abs().max() <= 1e-3
             mask = torch.eye(10)[torch.arange(batch) % 10]
@@ -238,7 +245,8 @@ def test_pt2_programs_match_pytorch_at_any_batch_and_carry_the_card(tiny: CapsNe
     for batch in (1, 3, 64):  # 3 was never seen at export: the batch axis is symbolic
         x = torch.from_numpy(random_images(batch, seed=batch))
         with torch.no_grad():
-            ref, (lengths, poses, recon) = tiny(x), forward(x)
+            ref, (lengths, poses, recon, explanation) = tiny(x), forward(x)
+            assert (explanation - tiny.explain(x)[1]).abs().max() <= 1e-3
             assert (lengths - ref.lengths).abs().max() <= 1e-4 and (poses - ref.poses).abs().max() <= 1e-4
             assert (recon.flatten(1) - ref.reconstruction).abs().max() <= 1e-3
             mask = torch.eye(10)[torch.arange(batch) % 10]
@@ -267,7 +275,9 @@ def test_a_corrupted_file_is_refused_with_a_clear_message(
 def test_a_parity_failure_raises_and_writes_nothing(
     tiny: CapsNet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(export_graphs, "TOLERANCES", {"scores": -1.0, "poses": 1e-4, "reconstruction": 1e-3})
+    monkeypatch.setattr(
+        export_graphs, "TOLERANCES", {"scores": -1.0, "poses": 1e-4, "reconstruction": 1e-3, "explanation": 1e-3}
+    )
     (tmp_path / "zoo").mkdir()
     out = tmp_path / "zoo" / "broken"
     with pytest.raises(
@@ -286,11 +296,11 @@ def test_a_model_without_decoder_exports_no_decoder_and_replaces_stale_files(
     torch.manual_seed(1)
     model = CapsNet(CapsNetConfig.tiny(use_decoder=False))
     card = export_module(model, "dynamic", model.cfg.to_dict(), out, name="tiny-capsnet", torchscript=False)
-    assert card["decoder"] is None and [o["name"] for o in card["outputs"]] == ["lengths", "poses"]
+    assert card["decoder"] is None and [o["name"] for o in card["outputs"]] == ["lengths", "poses", "explanation"]
     assert sorted(p.name for p in out.iterdir()) == ["capsnet.onnx", "model.json"], (
         "stale decoder.onnx and capsnet.ts go"
     )
-    assert [o.name for o in onnx.load(str(out / "capsnet.onnx")).graph.output] == ["lengths", "poses"]
+    assert [o.name for o in onnx.load(str(out / "capsnet.onnx")).graph.output] == ["lengths", "poses", "explanation"]
 
 
 def test_an_architecture_without_export_spec_is_refused(

@@ -32,7 +32,7 @@ from service.api.schemas import (
     TopK,
 )
 from service.core.config import Settings
-from service.core.errors import InvalidInput
+from service.core.errors import InvalidInput, ModelCapabilityError, OutOfDistribution
 from service.imaging import array_to_png
 from service.runtime.batcher import Tensors
 from service.runtime.card import ModelCard
@@ -48,7 +48,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "invalid input (bad image, malformed JSON or base64, bad option)",
         404: "unknown model",
-        409: "the model cannot do this (no decoder)",
+        409: "the model cannot do this (no decoder, no explanation output, no ood calibration)",
         413: "body, image or image count over the limit",
         415: "unsupported content type or image format",
         503: "model not ready, overloaded or shutting down (with Retry-After)",
@@ -112,6 +112,16 @@ FormatQuery = Annotated[Format, Query(description="json: arrays in [0, 1]; png: 
 IncludeInputQuery = Annotated[
     bool, Query(description="also return the (height × width) array the model received, e.g. 28×28")
 ]
+RejectOODQuery = Annotated[
+    bool,
+    Query(
+        description="answer 422 instead of a class when any image is not a digit (out of distribution by the "
+        "model card's calibrated score); needs a calibrated model"
+    ),
+]
+OOD_ERRORS: dict[int | str, dict[str, Any]] = {
+    422: {"model": ErrorV1, "description": "reject_ood=true and an image is out of distribution (not a digit)"}
+}
 
 
 def rounded(a: np.ndarray) -> Any:
@@ -132,7 +142,39 @@ def check_class(card: ModelCard, class_index: int | None) -> None:
         )
 
 
-def prediction(card: ModelCard, scores: np.ndarray, info: InputInfo, index: int, top_k: int) -> Prediction:
+def assess_ood(
+    card: ModelCard, images: np.ndarray, outputs: Tensors, reject: bool
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ood_score (N,), in_distribution (N,)) from the card's calibration, or None without one; with `reject`,
+    an OutOfDistribution error naming the first rejected image."""
+    calibration = card.ood_calibration
+    if calibration is None:
+        if reject:
+            raise ModelCapabilityError(
+                f"model {card.name!r} has no 'not a digit' calibration (its card has no ood object), so it cannot "
+                "reject out-of-distribution images; omit reject_ood"
+            )
+        return None
+    reconstruction = outputs[card.output_for("reconstruction").name] if calibration.needs_reconstruction else None
+    score, accepted = calibration.assess(images, outputs[card.scores.output], reconstruction)
+    if reject and not accepted.all():
+        bad = [int(i) for i in np.flatnonzero(~accepted)]
+        raise OutOfDistribution(
+            f"{len(bad)} of {len(images)} images are not digits by the calibrated score of model {card.name!r} "
+            f"(image {bad[0]}: ood_score {score[bad[0]]:.3f} > threshold {calibration.threshold:.3f}); "
+            "send reject_ood=false to classify them anyway"
+        )
+    return score, accepted
+
+
+def prediction(
+    card: ModelCard,
+    scores: np.ndarray,
+    info: InputInfo,
+    index: int,
+    top_k: int,
+    ood: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Prediction:
     probs = probabilities(scores)
     order = np.argsort(-scores, kind="stable")[:top_k]
     best = int(order[0])
@@ -153,6 +195,8 @@ def prediction(card: ModelCard, scores: np.ndarray, info: InputInfo, index: int,
             for c in order
         ],
         preprocessing=info,
+        ood_score=None if ood is None else round(float(ood[0][index]), DECIMALS),
+        in_distribution=None if ood is None else bool(ood[1][index]),
     )
 
 
@@ -196,13 +240,14 @@ async def classify(
     options: OptionsDep,
     top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = DEFAULT_TOP_K,
     include_input: IncludeInputQuery = False,
+    reject_ood: RejectOODQuery = False,
 ) -> Response:
     """Per image: the predicted class and label, the per-class scores (capsule lengths, the paper's presence
     probabilities), `probabilities` = scores / sum(scores), and the top-k classes."""
     card = model.require_ready()
     check_top_k(card, top_k)
     info, images, outputs = await classify_images(request, model, card, settings, options)
-    return json_response(classify_result(card, info, images, outputs, top_k, include_input))
+    return json_response(classify_result(card, info, images, outputs, top_k, include_input, reject_ood))
 
 
 def check_top_k(card: ModelCard, top_k: int) -> None:
@@ -211,13 +256,20 @@ def check_top_k(card: ModelCard, top_k: int) -> None:
 
 
 def classify_result(
-    card: ModelCard, info: list[InputInfo], images: np.ndarray, outputs: Tensors, top_k: int, include_input: bool
+    card: ModelCard,
+    info: list[InputInfo],
+    images: np.ndarray,
+    outputs: Tensors,
+    top_k: int,
+    include_input: bool,
+    reject_ood: bool,
 ) -> ClassifyResponse:
     """The classify response for a batch the model has run (shared by the route and service.api.fastpath)."""
+    ood = assess_ood(card, images, outputs, reject_ood)
     if include_input:
         attach_inputs(card, info, images)
     scores = outputs[card.scores.output]
-    predictions = [prediction(card, scores[i], info[i], i, top_k) for i in range(len(info))]
+    predictions = [prediction(card, scores[i], info[i], i, top_k, ood) for i in range(len(info))]
     return ClassifyResponse(model=card.name, model_version=card.version, predictions=predictions)
 
 
@@ -227,24 +279,26 @@ async def capsules(
     settings: SettingsDep,
     options: OptionsDep,
     include_input: IncludeInputQuery = False,
+    reject_ood: RejectOODQuery = False,
 ) -> Response:
     """Per image: every class's pose (10×16 for dynamic routing, 10×4×4 for EM), the scores, and the
     predicted class's pose as `predicted_pose`."""
     card = model.require_ready()
     info, images, outputs = await classify_images(request, model, card, settings, options)
-    return json_response(capsules_result(card, info, images, outputs, include_input))
+    return json_response(capsules_result(card, info, images, outputs, include_input, reject_ood))
 
 
 def capsules_result(
-    card: ModelCard, info: list[InputInfo], images: np.ndarray, outputs: Tensors, include_input: bool
+    card: ModelCard, info: list[InputInfo], images: np.ndarray, outputs: Tensors, include_input: bool, reject_ood: bool
 ) -> CapsulesResponse:
     """The capsules response for a batch the model has run (shared by the route and service.api.fastpath)."""
+    ood = assess_ood(card, images, outputs, reject_ood)
     if include_input:
         attach_inputs(card, info, images)
     scores, poses = outputs[card.scores.output], outputs[card.output_for("poses").name]
     results = []
     for i in range(len(info)):
-        p = prediction(card, scores[i], info[i], i, len(card.classes))
+        p = prediction(card, scores[i], info[i], i, len(card.classes), ood)
         results.append(
             CapsuleResult(
                 **p.model_dump(), poses=rounded(poses[i]), predicted_pose=rounded(poses[i, p.predicted_class])
@@ -355,12 +409,14 @@ class Operation:
     summary: str  # "{which}" becomes "the default model" or "the named model"
     body: dict[str, Any]
     png: bool = False
+    ood: bool = False  # takes reject_ood (a 422 when an image is not a digit)
 
 
 OPERATIONS = (
-    Operation("classify", classify, ClassifyResponse, "Classify images with {which}", IMAGES_BODY),
+    Operation("classify", classify, ClassifyResponse, "Classify images with {which}", IMAGES_BODY, ood=True),
     Operation(
-        "capsules", capsules, CapsulesResponse, "Capsule poses (instantiation parameters) from {which}", IMAGES_BODY
+        "capsules", capsules, CapsulesResponse, "Capsule poses (instantiation parameters) from {which}", IMAGES_BODY,
+        ood=True,
     ),
     Operation(
         "reconstruct", reconstruct, ReconstructResponse, "Reconstruct images through the decoder of {which}",
@@ -393,7 +449,7 @@ def build_router() -> APIRouter:
                 response_model=op.response_model,
                 operation_id=f"{op.name}_{suffix}",
                 summary=op.summary.format(which=which),
-                responses={**ERRORS, **PNG_RESPONSE} if op.png else ERRORS,
+                responses={**ERRORS, **(PNG_RESPONSE if op.png else {}), **(OOD_ERRORS if op.ood else {})},
                 openapi_extra={**op.body, **({"parameters": parameters} if parameters else {})},
             )
     return router

@@ -26,6 +26,8 @@ def summary(model: ServedModel) -> ModelSummary:
         classes=card.classes if card else None,
         pose_shape=card.pose_shape if card else None,
         has_decoder=model.has_decoder,
+        has_explanation=card is not None and card.explanation is not None,
+        ood_calibrated=card is not None and card.ood_calibration is not None,
         execution_provider=model.provider,
     )
 

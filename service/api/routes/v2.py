@@ -135,28 +135,49 @@ def check_shape(card: ModelCard, tensor: RequestInput, settings: Settings) -> tu
     return tuple(shape)
 
 
-def input_array(
-    card: ModelCard, tensor: RequestInput, binary: bytes, offset: int, settings: Settings
-) -> tuple[np.ndarray, int]:
-    """The input tensor as float32 of its declared shape, and the binary offset after it."""
+def check_tensor(card: ModelCard, tensor: RequestInput, settings: Settings) -> tuple[int, ...]:
+    """The tensor's shape, once its datatype and shape are the model's."""
     if tensor.datatype != card.input.datatype:
         raise InvalidInput(
             f"input {tensor.name!r} has datatype {tensor.datatype!r}; model {card.name!r} expects {card.input.datatype}"
         )
-    shape = check_shape(card, tensor, settings)
+    return check_shape(card, tensor, settings)
+
+
+def input_array(
+    card: ModelCard, tensor: RequestInput, binary: bytes, offset: int, settings: Settings
+) -> tuple[np.ndarray, int]:
+    """The input tensor as float32 of its declared shape, and the binary offset after it."""
+    size = (tensor.parameters or {}).get("binary_data_size")
+    if size is None:
+        return tensor_array(card, tensor, None, settings), offset
+    shape = check_tensor(card, tensor, settings)
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise InvalidInput(f"input {tensor.name!r}: parameter 'binary_data_size' must be an integer, got {size!r}")
+    expected = math.prod(shape) * NUMPY_DATATYPES[card.input.datatype].itemsize
+    if size != expected or offset + size > len(binary):
+        raise InvalidInput(
+            f"input {tensor.name!r}: binary_data_size {size} does not match shape {list(shape)} "
+            f"({expected} bytes) or the {len(binary) - offset} bytes left"
+        )
+    return tensor_array(card, tensor, memoryview(binary)[offset : offset + size], settings), offset + size
+
+
+def tensor_array(
+    card: ModelCard, tensor: RequestInput, raw: bytes | memoryview | None, settings: Settings
+) -> np.ndarray:
+    """The input tensor as float32 of its declared shape, from `raw` (little-endian bytes) or else `tensor.data`:
+    its datatype, shape, size and values checked (shared by REST and gRPC)."""
+    shape = check_tensor(card, tensor, settings)
     count = math.prod(shape)
     dtype = NUMPY_DATATYPES[card.input.datatype]
-    size = (tensor.parameters or {}).get("binary_data_size")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
-        raise InvalidInput(f"input {tensor.name!r}: parameter 'binary_data_size' must be an integer, got {size!r}")
-    if size is not None:
-        if size != count * dtype.itemsize or offset + size > len(binary):
+    if raw is not None:
+        if len(raw) != count * dtype.itemsize:
             raise InvalidInput(
-                f"input {tensor.name!r}: binary_data_size {size} does not match shape {list(shape)} "
-                f"({count * dtype.itemsize} bytes) or the {len(binary) - offset} bytes left"
+                f"input {tensor.name!r} has {len(raw)} bytes of raw data; shape {list(shape)} of "
+                f"{tensor.datatype} needs {count * dtype.itemsize}"
             )
-        array = np.frombuffer(binary, dtype=dtype, count=count, offset=offset).astype(np.float32)
-        offset += size
+        array = np.frombuffer(raw, dtype=dtype).astype(np.float32)
     else:
         if tensor.data is None:
             raise InvalidInput(f"input {tensor.name!r} has no data")
@@ -168,7 +189,7 @@ def input_array(
             raise InvalidInput(f"input {tensor.name!r} has {array.size} values; shape {list(shape)} needs {count}")
     if not np.isfinite(array).all():
         raise InvalidInput(f"input {tensor.name!r} contains NaN or infinite values")
-    return array.reshape(shape), offset
+    return array.reshape(shape)
 
 
 def check_bool_parameter(parameters: dict[str, Any] | None, key: str, where: str) -> None:

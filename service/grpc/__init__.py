@@ -1,0 +1,1 @@
+"""The Open Inference Protocol over gRPC (`inference.GRPCInferenceService`) and the standard health service."""

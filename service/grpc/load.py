@@ -1,0 +1,54 @@
+"""gRPC load for the service benchmark: `concurrency` calls kept in flight over one channel, raw tensor bytes.
+
+Requests are serialized once and responses left unparsed, so the client spends as little of the shared CPU
+as it can (like perf_analyzer, which measures the server, not protobuf in Python).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import numpy as np
+
+from service.grpc import protocol
+from service.runtime.card import ModelCard
+
+OK, FAILED = 200, 500  # statuses recorded per call, as the HTTP load records them
+
+
+def infer_message(card: ModelCard) -> bytes:
+    """A serialized ModelInferRequest for one random image (raw_input_contents; every output)."""
+    image = np.random.default_rng(1).random((1, *card.image_shape), dtype=np.float32)
+    message = protocol.ModelInferRequest(
+        model_name=card.name,
+        inputs=[{"name": card.input.name, "datatype": "FP32", "shape": list(image.shape)}],
+        raw_input_contents=[image.astype("<f4").tobytes()],
+    )
+    return bytes(message.SerializeToString())
+
+
+async def grpc_window(
+    target: str, message: bytes, concurrency: int, ramp: float, window: float
+) -> list[tuple[float, float, int]]:
+    """Steady load of `concurrency` calls in flight on `target` (host:port); (start, end, status) of the calls
+    that ended inside the window, after `ramp` seconds (200 for OK, 500 for any other status)."""
+    done: list[tuple[float, float, int]] = []
+    start = time.perf_counter()
+    first, last = start + ramp, start + ramp + window
+    async with grpc.aio.insecure_channel(target) as channel:
+        infer = channel.unary_unary(protocol.method_path("ModelInfer"))  # bytes in, bytes out
+
+        async def worker() -> None:
+            while time.perf_counter() < last:
+                t0 = time.perf_counter()
+                try:
+                    await infer(message, timeout=30)
+                    status = OK
+                except grpc.aio.AioRpcError:
+                    status = FAILED
+                done.append((t0, time.perf_counter(), status))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return [d for d in done if first <= d[1] <= last]

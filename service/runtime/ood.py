@@ -1,0 +1,109 @@
+"""The "not a digit" score: how far an image's capsule outputs lie outside those of MNIST digits (numpy only).
+
+After Frosst, Sabour & Hinton 2018 (DARCCC): a digit is redrawn well by its winning capsule's
+reconstruction and has a long winning capsule; a non-digit is not or has not. Each feature below is
+compared with its distribution on reference MNIST images, stored on the card as quantiles; the score is
+the largest -log tail probability over the features, and images scoring above the card's threshold are
+out of distribution. `training.ood` calibrates the card's `ood` object with these same functions, so
+the service computes exactly the score that was calibrated. docs/model-card.md specifies the object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+Tail = Literal["upper", "lower", "both"]
+TAILS = ("upper", "lower", "both")
+FEATURE_TAILS: dict[str, Tail] = {  # each feature and the way it points away from digits
+    "distance": "upper",
+    "relative_distance": "upper",
+    "winning_score": "lower",
+    "margin": "lower",
+    "ink": "both",
+}
+NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relative_distance
+
+
+def image_features(images: np.ndarray, scores: np.ndarray, reconstruction: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Per-image features (N,) from the model's input (N, ...), scores (N, K) and reconstruction (N, ...) or None.
+
+    distance: ||x - reconstruction||_2; relative_distance: distance / ||x||; winning_score: the largest
+    score (capsule length or activation); margin: largest minus second-largest score; ink: sum of x.
+    Without a reconstruction (no decoder) the two distances are absent.
+    """
+    x = images.reshape(len(images), -1).astype(np.float64)
+    ranked = np.sort(scores.astype(np.float64), axis=1)
+    features = {
+        "winning_score": ranked[:, -1],
+        "margin": ranked[:, -1] - ranked[:, -2] if scores.shape[1] > 1 else ranked[:, -1],
+        "ink": x.sum(axis=1),
+    }
+    if reconstruction is not None:
+        r = reconstruction.reshape(len(reconstruction), -1).astype(np.float64)
+        distance = np.sqrt(((x - r) ** 2).sum(axis=1))
+        features["distance"] = distance
+        features["relative_distance"] = distance / np.maximum(np.sqrt((x * x).sum(axis=1)), NORM_FLOOR)
+    return features
+
+
+@dataclass(frozen=True)
+class FeatureReference:
+    """One feature's reference distribution: `values` at cumulative probabilities `levels` (both increasing)."""
+
+    name: str
+    tail: Tail
+    levels: np.ndarray
+    values: np.ndarray
+    floor: float  # smallest tail probability: half of 1 / (number of reference images)
+
+    def surprise(self, x: np.ndarray) -> np.ndarray:
+        """-log tail probability of each value under the reference (interpolated between quantiles)."""
+        cdf = np.interp(x, self.values, self.levels, left=0.0, right=1.0)
+        p = {"upper": 1.0 - cdf, "lower": cdf, "both": np.minimum(cdf, 1.0 - cdf)}[self.tail]
+        return -np.log(np.maximum(p, self.floor))
+
+
+@dataclass(frozen=True)
+class OODCalibration:
+    """The card's `ood` object as the service uses it."""
+
+    features: tuple[FeatureReference, ...]
+    threshold: float
+
+    @classmethod
+    def from_card(cls, ood: Mapping[str, Any]) -> OODCalibration:
+        """Parse and check the card's `ood` object; a ValueError (or KeyError, TypeError) names what is wrong."""
+        levels = np.asarray(ood["levels"], dtype=np.float64)
+        if levels.ndim != 1 or len(levels) < 2 or np.any(np.diff(levels) < 0) or levels[0] < 0 or levels[-1] > 1:
+            raise ValueError("levels must be increasing probabilities in [0, 1]")
+        floor = 0.5 / int(ood["reference"]["n"])
+        features = []
+        for entry in ood["features"]:
+            values = np.asarray(entry["values"], dtype=np.float64)
+            if entry["name"] not in FEATURE_TAILS or entry["tail"] not in TAILS:
+                raise ValueError(f"unknown feature {entry['name']!r} or tail {entry['tail']!r}")
+            if values.shape != levels.shape or np.any(np.diff(values) < 0):
+                raise ValueError(f"{entry['name']}: values must be {len(levels)} increasing numbers, one per level")
+            features.append(FeatureReference(entry["name"], entry["tail"], levels, values, floor))
+        if not features:
+            raise ValueError("no features")
+        return cls(tuple(features), float(ood["threshold"]))
+
+    @property
+    def needs_reconstruction(self) -> bool:
+        return any(f.name in ("distance", "relative_distance") for f in self.features)
+
+    def score(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
+        """(N,) scores: the largest surprise over the calibrated features."""
+        return np.max([f.surprise(features[f.name]) for f in self.features], axis=0)
+
+    def assess(
+        self, images: np.ndarray, scores: np.ndarray, reconstruction: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(score (N,), in_distribution (N,) bool) for a batch of model inputs and outputs."""
+        score = self.score(image_features(images, scores, reconstruction))
+        return score, score <= self.threshold

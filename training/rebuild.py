@@ -1,0 +1,132 @@
+"""Rebuild a PyTorch model from an exported model directory (ONNX initializers + card) and re-export it.
+
+For when the training checkpoint is gone but the model directory is not: the exporter names every
+ONNX initializer after its state_dict key under the `model.` prefix of `ImageGraph`, so the weights
+map back one to one. The rebuilt model must reproduce the old graphs' outputs within the parity
+tolerances recorded on the old card before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+from service.runtime.model_dir import GRAPH_FILE, create_session, load_model_dir
+from training.architectures import get_architecture
+from training.data import MNISTSplit, to_float
+
+log = logging.getLogger(__name__)
+
+GRAPH_PREFIX = "model."  # ImageGraph / DecoderGraph hold the model as `self.model`
+PARITY_IMAGES = 256  # MNIST test images compared between the old graphs and the rebuilt model
+
+
+class RebuildError(ValueError):
+    """The model directory cannot be turned back into a PyTorch model that reproduces it."""
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    proto = onnx.load(str(path))
+    return {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+
+
+def _state_dict(model_dir: Path, card: dict[str, Any], model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state_dict from the graphs' initializers; decoder weights must agree between the two files."""
+    weights = _initializers(model_dir / "capsnet.onnx")
+    if card.get("decoder"):
+        for name, array in _initializers(model_dir / card["decoder"]["file"]).items():
+            if name in weights and not np.array_equal(weights[name], array):
+                raise RebuildError(f"{name} differs between capsnet.onnx and {card['decoder']['file']}")
+            weights.setdefault(name, array)
+    wanted = model.state_dict()
+    state = {
+        k[len(GRAPH_PREFIX) :]: torch.from_numpy(v.copy()) for k, v in weights.items() if k.startswith(GRAPH_PREFIX)
+    }
+    missing, extra = sorted(set(wanted) - set(state)), sorted(set(state) - set(wanted))
+    if missing or extra:
+        raise RebuildError(
+            f"{model_dir}: the graphs' initializers do not match a {card['architecture']!r} model of the card's "
+            f"model_config (missing {missing}, unexpected {extra})"
+        )
+    for key, tensor in state.items():
+        if tensor.shape != wanted[key].shape:
+            raise RebuildError(f"{key}: shape {list(tensor.shape)} in the graph, {list(wanted[key].shape)} expected")
+    return state
+
+
+def _worst(want: np.ndarray, have: np.ndarray) -> float:
+    return float(np.max(np.abs(want.astype(np.float64) - have))) if want.size else 0.0
+
+
+def check_reproduces(model: nn.Module, model_dir: Path, card: dict[str, Any], images: np.ndarray) -> dict[str, float]:
+    """Compare the rebuilt model with the old capsnet.onnx (and decoder.onnx) on `images`; return the max differences.
+
+    Every output of the old card is compared by its role, at the tolerance the old card records.
+    """
+    arch = get_architecture(card["architecture"])
+    assert arch.export is not None
+    spec = arch.export(model, card["model_config"])
+    tolerance: dict[str, float] = card["export"]["parity"]["tolerance"]
+    x = to_float(images) if images.dtype == np.uint8 else images.astype(np.float32)
+    with torch.no_grad():
+        mine = {o.name: t.numpy() for o, t in zip(spec.outputs, spec.forward(model, torch.from_numpy(x)), strict=True)}
+    old = card["outputs"]
+    session = create_session(model_dir / GRAPH_FILE, "cpu")
+    got = session.run([o["name"] for o in old], {card["input"]["name"]: x})
+    diffs: dict[str, float] = {}
+    for entry, array in zip(old, got, strict=True):
+        diffs[f"capsnet.onnx:{entry['name']}"] = _check(
+            entry["name"], mine[entry["name"]], array, tolerance[entry["role"]]
+        )
+    if card.get("decoder") and spec.decode is not None:
+        poses = mine[next(o["name"] for o in old if o["role"] == "poses")]
+        mask = np.eye(poses.shape[1], dtype=np.float32)[np.arange(len(x)) % poses.shape[1]]
+        decoder = create_session(model_dir / card["decoder"]["file"], "cpu")
+        (want,) = decoder.run(None, {"poses": poses, "mask": mask})
+        with torch.no_grad():
+            have = spec.decode(model, torch.from_numpy(poses), torch.from_numpy(mask)).numpy()
+        diffs["decoder.onnx:reconstruction"] = _check("decoder reconstruction", want, have, tolerance["reconstruction"])
+    return diffs
+
+
+def _check(name: str, want: np.ndarray, have: np.ndarray, tolerance: float) -> float:
+    if want.shape != have.shape:
+        raise RebuildError(f"{name}: the rebuilt model gives shape {list(want.shape)}, the graph {list(have.shape)}")
+    diff = _worst(want, have)
+    if not diff <= tolerance:
+        raise RebuildError(f"{name}: the rebuilt model differs from the graph by {diff:.3g} (tolerance {tolerance:g})")
+    return diff
+
+
+def rebuild_model(
+    model_dir: str | os.PathLike[str], test: MNISTSplit | None = None
+) -> tuple[nn.Module, dict[str, Any], dict[str, float]]:
+    """Rebuild the PyTorch model of a verified model directory; return it (eval mode), its card and the parity.
+
+    Args:
+        test: MNIST test images to compare the rebuilt model with the graphs on (the first PARITY_IMAGES);
+            None: uniform random images (seed 0).
+    """
+    root = Path(model_dir)
+    card = load_model_dir(root).raw_card
+    arch = get_architecture(card["architecture"])
+    if arch.export is None:
+        raise RebuildError(f"architecture {card['architecture']!r} has no export spec")
+    model = arch.build(card["model_config"]).eval()
+    model.load_state_dict(_state_dict(root, card, model), strict=True)
+    shape = tuple(card["input"]["shape"][1:])
+    if test is None:
+        images = np.random.default_rng(0).random((PARITY_IMAGES, *shape), dtype=np.float32)
+    else:
+        images = test.images[:PARITY_IMAGES].reshape(-1, *shape)
+    parity = check_reproduces(model, root, card, images)
+    log.info("rebuilt %s from its graphs; max differences %s", root, parity)
+    return model, card, parity
