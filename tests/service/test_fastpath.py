@@ -83,9 +83,9 @@ def test_the_fast_path_answers_plain_requests_exactly_as_the_route(
 @pytest.mark.parametrize("operation", ["classify", "capsules"])
 def test_the_not_a_digit_fields_are_the_routes_too(
     make_client: Callable[..., TestClient],
-    calibrated_repository: Path,
+    calibrated_repository: Path,  # noqa: F811 (the imported fixture)
     served: list[str],
-    operation: str,  # noqa: F811
+    operation: str,
 ) -> None:
     fast = make_client(calibrated_repository, default_model=CALIBRATED)
     routed = make_client(calibrated_repository, default_model=CALIBRATED, fast_path=False)
