@@ -255,8 +255,23 @@ def _border(pixels: np.ndarray) -> np.ndarray:
     return np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
 
 
+def _median(values: np.ndarray) -> float:
+    """``float(np.median(values))`` of a 1-D array without NaN, in a fifth of the time (one partition, no
+    wrappers): the middle value, or the mean of the middle two computed in the array's dtype, as numpy does."""
+    k = values.size // 2
+    if values.size % 2:
+        return float(np.partition(values, k)[k])
+    low, high = np.partition(values, (k - 1, k))[k - 1 : k + 1]
+    return float((low + high) / 2)
+
+
+def _background(pixels: np.ndarray) -> float:
+    """The background level: the median of the outermost ring of pixels."""
+    return _median(_border(pixels))
+
+
 def _is_dark_on_light(pixels: np.ndarray) -> bool:
-    background = float(np.median(_border(pixels)))
+    background = _background(pixels)
     low, high = float(pixels.min()), float(pixels.max())
     return background > (low + high) / 2 if high > low else background > 0.5
 
@@ -272,7 +287,7 @@ def _normalize(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     4. place on a ``size`` canvas so that the centre of mass lands on its centre ((14, 14) for 28×28),
        shifting by whole pixels and never pushing the box off the canvas.
     """
-    background, peak = float(np.median(_border(pixels))), float(pixels.max())
+    background, peak = _background(pixels), float(pixels.max())
     if peak - background < MIN_CONTRAST:
         return np.zeros(size, dtype=np.float32)
     stretched = np.clip((pixels - background) / (peak - background), 0.0, 1.0)
@@ -305,8 +320,8 @@ def _centre_of_mass_placed(digit: np.ndarray, size: tuple[int, int]) -> np.ndarr
     total = digit.sum()
     com_row = digit.sum(axis=1) @ np.arange(height) / total
     com_col = digit.sum(axis=0) @ np.arange(width) / total
-    top = int(np.clip(round(size[0] / 2 - com_row), 0, size[0] - height))
-    left = int(np.clip(round(size[1] / 2 - com_col), 0, size[1] - width))
+    top = min(max(round(size[0] / 2 - com_row), 0), size[0] - height)
+    left = min(max(round(size[1] / 2 - com_col), 0), size[1] - width)
     canvas = np.zeros(size, dtype=np.float32)
     canvas[top : top + height, left : left + width] = digit
     return canvas

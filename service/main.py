@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
 from service.api.deps import bearer_auth
+from service.api.fastpath import FastPath
 from service.api.middleware import ServiceMiddleware
 from service.api.routes import explain, explorer, health, inference, metrics, models, v2
 from service.api.routes.docs import install_docs
@@ -142,8 +143,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.check_token = app.state.tokens.check if app.state.tokens is not None else None
     app.state.registry = ModelRegistry(settings, app.state.metrics)
     install_error_handlers(app)
-    app.add_middleware(ServiceMiddleware, metrics=app.state.metrics, max_bytes=settings.max_body_bytes)
     include_routers(app, settings)
+    if settings.fast_path:  # inside ServiceMiddleware (added after it, so wrapped by it): counted and size-limited
+        app.add_middleware(FastPath, state=app.state)
+    app.add_middleware(ServiceMiddleware, metrics=app.state.metrics, max_bytes=settings.max_body_bytes)
     install_docs(app)
     if explorer.STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")

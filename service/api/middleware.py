@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.core.config import env_name
@@ -23,6 +24,9 @@ class ServiceMiddleware:
 
     def __init__(self, app: ASGIApp, metrics: Metrics, max_bytes: int) -> None:
         self.app, self.metrics, self.max_bytes = app, metrics, max_bytes
+        # The children of the two request metrics per (route template, method, status): a bounded set, as the
+        # labels are.
+        self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
     def too_large(self, size: int | None) -> str:
         told = f" ({size} bytes)" if size is not None else ""
@@ -74,8 +78,16 @@ class ServiceMiddleware:
     def observe(self, scope: Scope, status: int, seconds: float) -> None:
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         method = scope["method"] if scope["method"] in METHODS else "other"
-        self.metrics.requests.labels(protocol=PROTOCOL, route=route, method=method, status=str(status)).inc()
-        self.metrics.request_latency.labels(protocol=PROTOCOL, route=route, method=method).observe(seconds)
+        key = (route, method, status)
+        series = self._series.get(key)
+        if series is None:  # labels() costs a lock and a validation: once per label set, not per request
+            series = self._series[key] = (
+                self.metrics.requests.labels(protocol=PROTOCOL, route=route, method=method, status=str(status)),
+                self.metrics.request_latency.labels(protocol=PROTOCOL, route=route, method=method),
+            )
+        count, latency = series
+        count.inc()
+        latency.observe(seconds)
 
     @staticmethod
     async def reject(scope: Scope, send: Send, message: str) -> None:

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(default=False, description="Log one line per request (the metrics count them anyway).")
+    fast_path: bool = Field(
+        default=True,
+        description="Serve plain classify/capsules requests (no query string) by a lean handler in front of the "
+        "FastAPI routes (same responses; anything else still goes to the routes).",
+    )
 
     provider: Literal["auto", "cuda", "cpu"] = Field(
         default="auto", description="ONNX Runtime execution provider; auto = CUDA where a GPU is visible, else CPU."

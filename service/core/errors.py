@@ -107,6 +107,13 @@ def error_response(
     return JSONResponse(error_body(request.url.path, message, error_type), status_code=status, headers=headers)
 
 
+def service_error_response(method: str, path: str, exc: ServiceError) -> JSONResponse:
+    """The answer to a ServiceError raised while serving `method path` (5xx are logged: they are ours)."""
+    if exc.status >= 500:
+        logger.warning("%s %s -> %d: %s", method, path, exc.status, exc.message)
+    return JSONResponse(error_body(path, exc.message, exc.type), status_code=exc.status, headers=exc.headers)
+
+
 # Where a request validation error points: the first element of its `loc`.
 SOURCES = {"query": "query parameter", "path": "path parameter", "body": "body field", "header": "header"}
 
@@ -149,9 +156,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def service_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServiceError)
-        if exc.status >= 500:
-            logger.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
-        return error_response(request, exc.status, exc.message, exc.type, exc.headers)
+        return service_error_response(request.method, request.url.path, exc)
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from service import imaging
 from service.imaging import (
     SUPPORTED_FORMATS,
     ImageDecodeError,
@@ -588,3 +589,12 @@ def test_real_mnist_digits_survive_png_decode_and_normalization(real_mnist: Path
         assert dark_on_light.inverted
         np.testing.assert_allclose(dark_on_light.array, result.array, atol=1e-6)
     assert float(np.mean(differences)) < 0.01
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 111, 112])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_fast_median_equals_numpys(size: int, dtype: type[np.floating]) -> None:
+    rng = np.random.default_rng(size)
+    for values in (rng.random(size), rng.integers(0, 4, size) / 3.0, np.full(size, 0.1)):
+        values = values.astype(dtype)
+        assert imaging._median(values) == float(np.median(values))

@@ -40,6 +40,7 @@ from service.runtime.model import ServedModel
 
 Format = Literal["json", "png"]
 MAX_PERTURB_STEPS = 41
+DEFAULT_TOP_K = 3  # classes ranked by classify unless top_k says otherwise
 DECIMALS = 6  # v1 JSON rounds floats to 6 decimals; v2 returns them exactly
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -85,17 +86,22 @@ PNG_RESPONSE: dict[int | str, dict[str, Any]] = {
 }
 
 
+DEFAULT_INVERT: Invert = "auto"
+DEFAULT_NORMALIZE = True
+DEFAULT_OPTIONS = PreprocessOptions(INVERT_CHOICES[DEFAULT_INVERT], DEFAULT_NORMALIZE)  # a request without options
+
+
 async def preprocess_options(
     invert: Annotated[
         Invert, Query(description="auto: invert dark-on-light images (photos, drawings); true/false: force")
-    ] = "auto",
+    ] = DEFAULT_INVERT,
     normalize: Annotated[
         bool,
         Query(
             description="MNIST normalization: the digit fitted into 20/28 of the model's input size (20×20 in 28×28), "
             "placed by centre of mass; false for MNIST-like images (only resized)"
         ),
-    ] = True,
+    ] = DEFAULT_NORMALIZE,
 ) -> PreprocessOptions:
     return PreprocessOptions(INVERT_CHOICES[invert], normalize)
 
@@ -234,22 +240,39 @@ async def classify(
     model: ModelDep,
     settings: SettingsDep,
     options: OptionsDep,
-    top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = 3,
+    top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = DEFAULT_TOP_K,
     include_input: IncludeInputQuery = False,
     reject_ood: RejectOODQuery = False,
 ) -> Response:
     """Per image: the predicted class and label, the per-class scores (capsule lengths, the paper's presence
     probabilities), `probabilities` = scores / sum(scores), and the top-k classes."""
     card = model.require_ready()
+    check_top_k(card, top_k)
+    info, images, outputs = await classify_images(request, model, card, settings, options)
+    return json_response(classify_result(card, info, images, outputs, top_k, include_input, reject_ood))
+
+
+def check_top_k(card: ModelCard, top_k: int) -> None:
     if top_k > len(card.classes):
         raise InvalidInput(f"top_k {top_k} is larger than the {len(card.classes)} classes of model {card.name!r}")
-    info, images, outputs = await classify_images(request, model, card, settings, options)
+
+
+def classify_result(
+    card: ModelCard,
+    info: list[InputInfo],
+    images: np.ndarray,
+    outputs: Tensors,
+    top_k: int,
+    include_input: bool,
+    reject_ood: bool,
+) -> ClassifyResponse:
+    """The classify response for a batch the model has run (shared by the route and service.api.fastpath)."""
     ood = assess_ood(card, images, outputs, reject_ood)
     if include_input:
         attach_inputs(card, info, images)
     scores = outputs[card.scores.output]
     predictions = [prediction(card, scores[i], info[i], i, top_k, ood) for i in range(len(info))]
-    return json_response(ClassifyResponse(model=card.name, model_version=card.version, predictions=predictions))
+    return ClassifyResponse(model=card.name, model_version=card.version, predictions=predictions)
 
 
 async def capsules(
@@ -264,6 +287,13 @@ async def capsules(
     predicted class's pose as `predicted_pose`."""
     card = model.require_ready()
     info, images, outputs = await classify_images(request, model, card, settings, options)
+    return json_response(capsules_result(card, info, images, outputs, include_input, reject_ood))
+
+
+def capsules_result(
+    card: ModelCard, info: list[InputInfo], images: np.ndarray, outputs: Tensors, include_input: bool, reject_ood: bool
+) -> CapsulesResponse:
+    """The capsules response for a batch the model has run (shared by the route and service.api.fastpath)."""
     ood = assess_ood(card, images, outputs, reject_ood)
     if include_input:
         attach_inputs(card, info, images)
@@ -276,9 +306,7 @@ async def capsules(
                 **p.model_dump(), poses=rounded(poses[i]), predicted_pose=rounded(poses[i, p.predicted_class])
             )
         )
-    return json_response(
-        CapsulesResponse(model=card.name, model_version=card.version, pose_shape=card.pose_shape, capsules=results)
-    )
+    return CapsulesResponse(model=card.name, model_version=card.version, pose_shape=card.pose_shape, capsules=results)
 
 
 async def reconstruct(
