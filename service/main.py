@@ -219,6 +219,25 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, but on SIGTERM it first keeps reading for `read_grace_s`.
+
+    uvicorn's shutdown closes every connection whose request it has not parsed yet, and the listening socket
+    with the connections still in its backlog: under load, requests a client had already sent when the signal
+    came would be reset. Reading on for a moment turns them into requests in flight, which shutdown drains.
+    """
+
+    def __init__(self, config: uvicorn.Config, read_grace_s: float) -> None:
+        super().__init__(config)
+        self.read_grace_s = read_grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.read_grace_s > 0:
+            logger.info("SIGTERM: reading requests already sent for %.1f s, then draining", self.read_grace_s)
+            await asyncio.sleep(self.read_grace_s)
+        await super().shutdown(sockets)
+
+
 def serve(settings: Settings, app: FastAPI) -> None:
     """Run `app` until SIGTERM or Ctrl-C; exit 1 if it could not start."""
     sock = listening_socket(settings.host, settings.port)
@@ -233,7 +252,7 @@ def serve(settings: Settings, app: FastAPI) -> None:
         access_log=settings.access_log,
         timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, settings.shutdown_read_grace_s)
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(1)

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
     max_queue_size: int = Field(default=256, ge=1, description="Requests waiting per model before 503s.")
     request_timeout_s: float = Field(default=30.0, gt=0.0, description="Per-request inference deadline (504 after).")
     shutdown_timeout_s: float = Field(default=25.0, ge=0.0, description="How long shutdown waits for requests.")
+    shutdown_read_grace_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="On SIGTERM, how long connections already made are still read before the server stops "
+        "accepting: requests a client had sent are answered, not reset.",
+    )
 
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="Largest request body (413 above).")
     max_images_per_request: int = Field(default=64, ge=1, description="Most images (or batch rows) per request.")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -19,7 +21,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from PIL import Image
 
+from deploy.image_smoke import multipart
 from service.grpc import protocol
 from tests.deploy.manifests import REPO_ROOT
 from tests.service.live_server import free_port, serve_command
@@ -236,3 +240,60 @@ def test_sigterm_drains_grpc_calls_and_exits_zero(
     assert "gRPC stopped: calls in flight finished" in server_log
     assert "Traceback" not in server_log, server_log[-3000:]
     assert returncode == 0, server_log[-3000:]
+
+
+def test_requests_sent_before_sigterm_are_read_not_reset(
+    server: tuple[subprocess.Popen[bytes], int, Path],
+) -> None:
+    """Requests whose bytes are on the wire when SIGTERM comes (sent, not yet parsed by the server) are answered.
+
+    uvicorn's own shutdown resets connections it has not read yet; `DrainingServer` reads on for
+    CAPSNET_SHUTDOWN_READ_GRACE_S first. Raw sockets: each request is written whole before the signal.
+    """
+    proc, port, log = server
+    rng = np.random.default_rng(0)
+    body, content_type = multipart(
+        [(f"d{i}.png", png((rng.random((28, 28)) > 0.8).astype(np.uint8) * 255)) for i in range(64)]
+    )
+    head = f"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+    sockets = []
+    for _ in range(12):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        sock.sendall((head + "Connection: close\r\n\r\n").encode() + body)
+        sockets.append(sock)
+    proc.send_signal(signal.SIGTERM)
+    statuses = []
+    for sock in sockets:
+        with sock:
+            reply = b""
+            try:
+                while chunk := sock.recv(65536):
+                    reply += chunk
+            except ConnectionResetError:
+                reply = b"reset"
+            statuses.append(reply[9:12].decode(errors="replace") if reply.startswith(b"HTTP/1.1") else "reset")
+    assert statuses == ["200"] * 12, f"{statuses}\n{log.read_text()[-2000:]}"
+    assert proc.wait(SHUTDOWN_TIMEOUT_S + 10) == 0
+
+
+def png(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_draining_server_reads_on_before_uvicorns_shutdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    from service.main import DrainingServer
+
+    calls: list[float] = []
+
+    async def uvicorn_shutdown(self: uvicorn.Server, sockets: object = None) -> None:
+        calls.append(time.monotonic())
+
+    monkeypatch.setattr(uvicorn.Server, "shutdown", uvicorn_shutdown)
+    server = DrainingServer(uvicorn.Config(app=None), read_grace_s=0.3)  # type: ignore[arg-type]
+    start = time.monotonic()
+    asyncio.run(server.shutdown())
+    assert len(calls) == 1 and calls[0] - start >= 0.3

@@ -130,6 +130,7 @@ def test_grace_period_covers_the_prestop_sleep_and_the_drain(combination: tuple[
         drain = float(config["CAPSNET_SHUTDOWN_TIMEOUT_S"])
     else:
         drain = float(settings_class().model_fields["shutdown_timeout_s"].default)
+    drain += float(settings_class().model_fields["shutdown_read_grace_s"].default)  # read on before draining
     assert pre_stop >= 3, "endpoint removal needs a few seconds to reach every proxy"
     assert spec["terminationGracePeriodSeconds"] >= pre_stop + drain + DRAIN_MARGIN_S
 
