@@ -120,6 +120,8 @@ def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
     ax1.set(xlabel="epoch", ylabel="loss", title="loss")
     ax1.legend()
     ax2.plot(epochs, [100 * h["test_error"] for h in history], marker="o", label="test error")
+    if all("val_error" in h for h in history):
+        ax2.plot(epochs, [100 * h["val_error"] for h in history], marker="o", label="validation error")
     if all("train_accuracy" in h for h in history):
         ax2.plot(epochs, [100 * (1 - h["train_accuracy"]) for h in history], marker="o", label="train error")
     ax2.set(xlabel="epoch", ylabel="error (%)", title="error", yscale="log")
