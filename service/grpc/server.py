@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from service.core.auth import bearer_token
 from service.core.config import Settings
@@ -83,6 +83,11 @@ class ServiceInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, metrics: Metrics, check_token: TokenCheck | None) -> None:
         self.metrics, self.check_token = metrics, check_token
+        # Built once per method (and token verdict), not per call: the wrapped handlers and the metrics' children
+        # (labels() costs a lock and a validation). A race between two threads only builds one twice.
+        self._handlers: dict[tuple[str, bool], grpc.RpcMethodHandler] = {}
+        self._latency: dict[str, Histogram] = {}
+        self._counts: dict[tuple[str, grpc.StatusCode], Counter] = {}
 
     def intercept_service(
         self,
@@ -98,17 +103,16 @@ class ServiceInterceptor(grpc.ServerInterceptor):
             or method.startswith(HEALTH_PREFIX)
             or self.check_token(bearer_token(metadata_value(handler_call_details, "authorization")))
         )
-        return grpc.unary_unary_rpc_method_handler(
-            self.wrap(method, handler.unary_unary, allowed),
-            request_deserializer=tolerant(handler.request_deserializer),
-            response_serializer=handler.response_serializer,
-        )
+        wrapped = self._handlers.get((method, allowed))
+        if wrapped is None:
+            wrapped = self._handlers[method, allowed] = grpc.unary_unary_rpc_method_handler(
+                self.wrap(method, handler.unary_unary, allowed),
+                request_deserializer=tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        return wrapped
 
     def wrap(self, method: str, behavior: Behavior, allowed: bool) -> Behavior:
-        labels = {"protocol": "grpc", "route": method, "method": "POST"}
-        latency = self.metrics.request_latency.labels(**labels)
-        counts: dict[grpc.StatusCode, Counter] = {}  # labels() costs a lock and a validation: once per status
-
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
@@ -123,12 +127,18 @@ class ServiceInterceptor(grpc.ServerInterceptor):
                     context.set_trailing_metadata(failure.trailing)
                 context.abort(code, failure.message)  # raises
             finally:
-                if code not in counts:
-                    counts[code] = self.metrics.requests.labels(**labels, status=code.name)
-                counts[code].inc()
-                latency.observe(time.perf_counter() - start)
+                self.observe(method, code, time.perf_counter() - start)
 
         return call
+
+    def observe(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        labels = {"protocol": "grpc", "route": method, "method": "POST"}
+        if (method, code) not in self._counts:
+            self._counts[method, code] = self.metrics.requests.labels(**labels, status=code.name)
+        if method not in self._latency:
+            self._latency[method] = self.metrics.request_latency.labels(**labels)
+        self._counts[method, code].inc()
+        self._latency[method].observe(seconds)
 
     @staticmethod
     def answer(method: str, behavior: Behavior, allowed: bool, request: Any, context: grpc.ServicerContext) -> Any:
