@@ -237,12 +237,41 @@ def preprocess(
         gray = gray.reduce(math.ceil(max(gray.size) / WORK_SIDE))
     elif not normalize and gray.size != (width, height):
         gray = _resize(gray, (width, height))
-    pixels = np.asarray(gray, dtype=np.float32) / 255.0
-    inverted = _is_dark_on_light(pixels) if invert is None else invert
+    pixels = _unit_pixels(gray)
+    levels = _Levels.of(pixels)
+    inverted = levels.dark_on_light if invert is None else invert
     if inverted:
         pixels = 1.0 - pixels
-    array = _normalize(pixels, (height, width)) if normalize else pixels
-    return PreprocessResult(array=array.astype(np.float32), inverted=bool(inverted), normalized=normalize)
+        levels = _Levels.of(pixels)
+    array = _normalize(pixels, (height, width), levels) if normalize else pixels
+    return PreprocessResult(array=array.astype(np.float32, copy=False), inverted=bool(inverted), normalized=normalize)
+
+
+def _unit_pixels(gray: Image.Image) -> np.ndarray:
+    """An "L" image as float32 (H, W) in [0, 1] (``np.asarray(gray, np.float32) / 255``, without Pillow's array
+    interface on the way)."""
+    width, height = gray.size
+    return np.frombuffer(gray.tobytes(), dtype=np.uint8).reshape(height, width).astype(np.float32) / 255.0
+
+
+@dataclass(frozen=True)
+class _Levels:
+    """An image's background level (the median of its outermost ring of pixels), darkest and brightest pixel."""
+
+    background: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, pixels: np.ndarray) -> _Levels:
+        return cls(_median(_border(pixels)), float(pixels.min()), float(pixels.max()))
+
+    @property
+    def dark_on_light(self) -> bool:
+        """The background is brighter than the midpoint between darkest and brightest (uniform: than mid-gray)."""
+        if self.high > self.low:
+            return self.background > (self.low + self.high) / 2
+        return self.background > 0.5
 
 
 def digit_box(size: tuple[int, int]) -> tuple[int, int]:
@@ -265,19 +294,8 @@ def _median(values: np.ndarray) -> float:
     return float((low + high) / 2)
 
 
-def _background(pixels: np.ndarray) -> float:
-    """The background level: the median of the outermost ring of pixels."""
-    return _median(_border(pixels))
-
-
-def _is_dark_on_light(pixels: np.ndarray) -> bool:
-    background = _background(pixels)
-    low, high = float(pixels.min()), float(pixels.max())
-    return background > (low + high) / 2 if high > low else background > 0.5
-
-
-def _normalize(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """MNIST's normalization of a white-on-black image (LeCun et al., the MNIST database):
+def _normalize(pixels: np.ndarray, size: tuple[int, int], levels: _Levels) -> np.ndarray:
+    """MNIST's normalization of a white-on-black image (LeCun et al., the MNIST database), given its `levels`:
 
     1. stretch: the background level (median of the border) goes to 0 and the brightest pixel to 1; what is
        fainter than NOISE_FLOOR is cleared. No ink (less than MIN_CONTRAST above the background) gives zeros.
@@ -287,17 +305,19 @@ def _normalize(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     4. place on a ``size`` canvas so that the centre of mass lands on its centre ((14, 14) for 28×28),
        shifting by whole pixels and never pushing the box off the canvas.
     """
-    background, peak = _background(pixels), float(pixels.max())
+    background, peak = levels.background, levels.high
     if peak - background < MIN_CONTRAST:
         return np.zeros(size, dtype=np.float32)
     stretched = np.clip((pixels - background) / (peak - background), 0.0, 1.0)
     stretched[stretched < NOISE_FLOOR] = 0.0
-    rows, cols = np.nonzero(stretched > BBOX_THRESHOLD)
-    crop = stretched[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+    inked = stretched > BBOX_THRESHOLD
+    rows, cols = np.flatnonzero(inked.any(axis=1)), np.flatnonzero(inked.any(axis=0))
+    crop = stretched[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
     digit = _fit_box(crop, digit_box(size))
-    if not digit.any():  # a sliver that resampling erased
+    peak_after = digit.max()
+    if peak_after <= 0:  # a sliver that resampling erased
         return np.zeros(size, dtype=np.float32)
-    return _centre_of_mass_placed(digit / digit.max(), size)
+    return _centre_of_mass_placed(digit / peak_after, size)
 
 
 def _fit_box(crop: np.ndarray, box: tuple[int, int]) -> np.ndarray:
@@ -305,8 +325,10 @@ def _fit_box(crop: np.ndarray, box: tuple[int, int]) -> np.ndarray:
     height, width = crop.shape
     scale = min(box[0] / height, box[1] / width)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    resized = _resize(Image.fromarray(crop.astype(np.float32)), size)
-    return np.clip(np.asarray(resized, dtype=np.float32), 0.0, 1.0)  # Lanczos rings slightly outside [0, 1]
+    image = Image.frombuffer("F", (width, height), np.ascontiguousarray(crop, dtype=np.float32), "raw", "F", 0, 1)
+    resized = _resize(image, size)
+    array = np.frombuffer(resized.tobytes(), dtype=np.float32).reshape(size[1], size[0])
+    return np.clip(array, 0.0, 1.0)  # Lanczos rings slightly outside [0, 1]
 
 
 def _resize(img: Image.Image, size: tuple[int, int]) -> Image.Image:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from service.grpc.load import grpc_window, infer_message
+from service.grpc.load import grpc_calls, grpc_window, infer_message
 from service.grpc.protocol import method_path
 from service.runtime.card import ModelCard
 
@@ -182,7 +182,11 @@ async def python_load(host: str, port: int, request: Payload, concurrency: int, 
 
 
 def grpc_load(target: str, message: bytes, concurrency: int, seconds: float) -> LoadResult:
-    done = asyncio.run(grpc_window(target, message, concurrency, 0.0, seconds))
+    """Calls with the blocking client at concurrency 1, else with the asyncio client (see service.grpc.load)."""
+    if concurrency == 1:
+        done = grpc_calls(target, message, seconds)
+    else:
+        done = asyncio.run(grpc_window(target, message, concurrency, 0.0, seconds))
     return LoadResult(
         requests=len(done),
         errors=sum(status != 200 for _, _, status in done),

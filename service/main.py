@@ -60,7 +60,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     grpc_server = None
     if settings.grpc_port:
         grpc_server = GrpcServer(registry, settings, app.state.metrics, check_token=app.state.check_token)
-        await grpc_server.start()
+        grpc_server.start()
     loading = asyncio.create_task(registry.start(), name="load-models")
     loading.add_done_callback(_log_failure)
     health = asyncio.create_task(_update_grpc_health(loading, grpc_server), name="grpc-health")
@@ -71,7 +71,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await asyncio.wait([loading])
         await health
         if grpc_server is not None:
-            await grpc_server.stop()
+            await asyncio.get_running_loop().run_in_executor(None, grpc_server.stop)
         await registry.close()
         logger.info("shut down: queued requests finished")
 
@@ -79,7 +79,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 async def _update_grpc_health(loading: asyncio.Task[None], grpc_server: GrpcServer | None) -> None:
     await asyncio.wait([loading])
     if grpc_server is not None:
-        await grpc_server.update_health()
+        grpc_server.update_health()
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

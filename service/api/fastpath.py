@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 from starlette.datastructures import State
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.inputs import ImageBatch, read_images
@@ -87,6 +86,11 @@ class RouteTemplate:
     path: str
 
 
+def json_headers(length: int) -> list[tuple[bytes, bytes]]:
+    """The headers of a JSON body, as a Starlette Response (the route's) sends them."""
+    return [(b"content-length", str(length).encode()), (b"content-type", b"application/json")]
+
+
 def first_headers(scope: Scope) -> dict[bytes, bytes]:
     """The first value of each header the fast path reads (as Starlette's `Headers.get` would take it)."""
     found: dict[bytes, bytes] = {}
@@ -134,16 +138,16 @@ class FastPath:
         if batch is None:  # a client error: the route answers it, from the same body
             await self.app(scope, replay(messages, receive), send)
             return
+        scope["route"] = self.templates[operation, name is not None]
+        scope["path_params"] = {} if name is None else {"name": name}
         try:
             outputs = await model.infer(batch.array)
         except ServiceError as e:
-            response: Response = service_error_response(scope["method"], scope["path"], e)
-        else:
-            body = OPERATIONS[operation].result(card, batch, outputs).model_dump_json(by_alias=True)
-            response = Response(body, media_type="application/json")
-        scope["route"] = self.templates[operation, name is not None]
-        scope["path_params"] = {} if name is None else {"name": name}
-        await response(scope, receive, send)
+            await service_error_response(scope["method"], scope["path"], e)(scope, receive, send)
+            return
+        body = OPERATIONS[operation].result(card, batch, outputs).model_dump_json(by_alias=True).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": json_headers(len(body))})
+        await send({"type": "http.response.body", "body": body})
 
     def target(self, scope: Scope) -> tuple[str, str | None] | None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["query_string"] or scope.get("root_path"):

@@ -1,7 +1,10 @@
 """gRPC load for the service benchmark: `concurrency` calls kept in flight over one channel, raw tensor bytes.
 
 Requests are serialized once and responses left unparsed, so the client spends as little of the shared CPU
-as it can (like perf_analyzer, which measures the server, not protobuf in Python).
+as it can (like perf_analyzer, which measures the server, not protobuf in Python). One call at a time is made
+with the blocking client (perf_analyzer's synchronous mode): grpcio's asyncio client adds about a tenth of a
+millisecond of its own to every call, which concurrency 1 would count as the server's latency; more calls in
+flight need the asyncio client.
 """
 
 from __future__ import annotations
@@ -27,6 +30,23 @@ def infer_message(card: ModelCard) -> bytes:
         raw_input_contents=[image.astype("<f4").tobytes()],
     )
     return bytes(message.SerializeToString())
+
+
+def grpc_calls(target: str, message: bytes, window: float) -> list[tuple[float, float, int]]:
+    """One call at a time on `target` for `window` seconds, with the blocking client; (start, end, status) each."""
+    done: list[tuple[float, float, int]] = []
+    last = time.perf_counter() + window
+    with grpc.insecure_channel(target) as channel:
+        infer = channel.unary_unary(protocol.method_path("ModelInfer"))  # bytes in, bytes out
+        while time.perf_counter() < last:
+            t0 = time.perf_counter()
+            try:
+                infer(message, timeout=30)
+                status = OK
+            except grpc.RpcError:
+                status = FAILED
+            done.append((t0, time.perf_counter(), status))
+    return done
 
 
 async def grpc_window(

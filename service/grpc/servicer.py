@@ -2,7 +2,8 @@
 
 Requests are checked by the v2 REST route's own code (`check_request`, `tensor_array`), so both protocols
 accept and refuse exactly the same tensors with the same messages. Errors are raised as the service's
-errors; the server's interceptor maps them to status codes (`service/grpc/errors.py`).
+errors; the server's interceptor maps them to status codes (`service/grpc/errors.py`). Each call runs on a
+thread of the gRPC server's pool and blocks it while its model runs (`ServedModel.infer_blocking`).
 """
 
 from __future__ import annotations
@@ -108,35 +109,35 @@ def infer_response(card: ModelCard, req: InferenceRequest, outputs: dict[str, np
 
 
 class InferenceServicer:
-    """The six calls of the protocol; each is a coroutine (request, context) -> response."""
+    """The six calls of the protocol; each is a function (request, context) -> response."""
 
     def __init__(self, registry: ModelRegistry, settings: Settings) -> None:
         self.registry, self.settings = registry, settings
 
-    async def model(self, name: str, version: str) -> ServedModel:
+    def model(self, name: str, version: str) -> ServedModel:
         """The named model; an empty version means the served one, another must be the card's version."""
         if not name:
             raise ModelNotFound(f"no model name given; served models: {sorted(self.registry.models)}")
         if version:
-            return await v2.versioned_model(self.registry, name, version)
+            return v2.model_of_version(self.registry, name, version)
         return self.registry.get(name)
 
-    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.ServerReadyResponse(ready=self.registry.all_ready)
 
-    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        model = await self.model(request.name, request.version)
+    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        model = self.model(request.name, request.version)
         return pb.ModelReadyResponse(ready=model.ready)
 
-    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         # The binary tensor data extension is REST's: gRPC has raw_input_contents in the protocol itself.
         return pb.ServerMetadataResponse(name=v2.SERVER_NAME, version=v2.server_version(), extensions=[])
 
-    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        metadata = v2.model_metadata(await self.model(request.name, request.version))
+    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        metadata = v2.model_metadata(self.model(request.name, request.version))
         return pb.ModelMetadataResponse(
             name=metadata.name,
             versions=metadata.versions,
@@ -145,11 +146,11 @@ class InferenceServicer:
             outputs=[t.model_dump() for t in metadata.outputs],
         )
 
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        model = await self.model(request.model_name, request.model_version)
+    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
+        model = self.model(request.model_name, request.model_version)
         card = model.require_ready()
         req = inference_request(request)
         v2.check_request(card, req)
         images = input_images(card, request, req, self.settings)
-        outputs = await model.infer(images)
+        outputs = model.infer_blocking(images, on_cancel=context.add_callback)
         return infer_response(card, req, outputs, raw=bool(request.raw_input_contents))

@@ -1,19 +1,24 @@
 """Dynamic batching: concurrent requests for one graph are gathered into one ONNX Runtime run.
 
-A single worker task per graph takes every request queued while the previous run was busy (up to
-`max_batch_size` rows), optionally waits up to `max_queue_delay` for more, runs the batch in a thread
-so the event loop keeps serving, and splits the outputs back to the callers. Under load the batches
-grow by themselves; an idle service runs a lone request at once.
+A worker thread per graph takes every request queued while the previous run was busy (up to `max_batch_size`
+rows), optionally waits up to `max_queue_delay` for more, runs the batch and hands each caller its rows. Under
+load the batches grow by themselves; an idle service runs a lone request at once.
+
+Requests come from any thread: coroutines on any event loop (`submit`, the HTTP routes; a batch's results go
+back to each loop in one `call_soon_threadsafe`), or threads that block (`submit_blocking`, the gRPC handlers).
+A blocking caller that finds the graph idle, nothing queued and no queue delay to wait for, runs its request
+itself rather than handing it to the worker and waiting to be woken. The event loop never waits for a run and
+never schedules one: it only queues requests and takes results.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,13 +30,55 @@ logger = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
 RunFn = Callable[[Tensors], Tensors]
+Outcome = Tensors | BaseException  # a caller's rows of the outputs, or why its batch failed
+CancelHook = Callable[[Callable[[], None]], object]  # registers what to call if the caller's call ends early
 
 
-@dataclass
+class CallCancelled(Exception):
+    """A blocking caller's call ended (e.g. a gRPC client cancelled it) before its outputs were ready."""
+
+
+class LoopWaiter:
+    """A caller awaiting on an event loop: its future, resolved on that loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.future: asyncio.Future[Tensors] = self.loop.create_future()
+
+    def abandoned(self) -> bool:
+        """Timed out or cancelled (read from the worker thread: at worst a finished caller's rows are computed)."""
+        return self.future.done()
+
+
+class ThreadWaiter:
+    """A caller blocked in `submit_blocking` until its outcome is set (or it gives up)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.outcome: Outcome | None = None
+        self.gave_up = False
+
+    def abandoned(self) -> bool:
+        return self.gave_up
+
+    def resolve(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.event.set()
+
+    def abandon(self) -> None:
+        """The caller is gone (its call was cancelled): skip its rows if still queued, and free its thread."""
+        self.gave_up = True
+        self.event.set()
+
+
+Waiter = LoopWaiter | ThreadWaiter
+
+
+@dataclass(eq=False)
 class _Request:
     inputs: Tensors
     rows: int
-    future: asyncio.Future[Tensors]
+    waiter: Waiter
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -43,18 +90,34 @@ class BatchingPolicy:
     timeout_s: float
 
 
+def _resolve_futures(results: list[tuple[asyncio.Future[Tensors], Outcome]]) -> None:
+    """On the callers' event loop: hand each caller still waiting its outcome."""
+    for future, outcome in results:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
 class DynamicBatcher:
-    """Gathers `submit` calls for one graph (`run`: inputs -> outputs, batch-major) into batched runs."""
+    """Gathers the requests for one graph (`run`: inputs -> outputs, batch-major) into batched runs.
+
+    `run_lock` is held for every run: one lock for every graph of the service makes their runs take turns, since
+    each run already uses every intra-op thread the container's CPU quota allows.
+    """
 
     def __init__(
-        self, model: str, graph: str, run: RunFn, policy: BatchingPolicy, executor: Executor, metrics: Metrics
+        self, model: str, graph: str, run: RunFn, policy: BatchingPolicy, run_lock: threading.Lock, metrics: Metrics
     ) -> None:
         self.model, self.graph, self._run_fn, self.policy = model, graph, run, policy
-        self._executor, self._metrics = executor, metrics
+        self._run_lock = run_lock
+        self._changed = threading.Condition()  # guards the queue, `_busy` and `_closing`
         self._queue: deque[_Request] = deque()
-        self._wakeup = asyncio.Event()
+        self._busy = False  # a batch is being gathered or run (by the worker or an inline caller)
         self._closing = False
-        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
         labels = {"model": model, "graph": graph}
         self._m_depth = metrics.queue_depth.labels(**labels)
         self._m_queue = metrics.queue_time.labels(**labels)
@@ -63,62 +126,118 @@ class DynamicBatcher:
         self._m_rows = metrics.inferences.labels(**labels)
 
     def start(self) -> None:
-        """Start the worker; call from the event loop that will submit."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._work(), name=f"batcher-{self.model}-{self.graph}")
+        """Start the worker thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=f"batcher-{self.model}-{self.graph}", daemon=True)
+            self._thread.start()
 
     @property
     def depth(self) -> int:
         return len(self._queue)
 
     async def submit(self, inputs: Tensors) -> Tensors:
-        """Queue one request (every input has the same leading batch dimension) and wait for its outputs."""
-        if self._closing:
-            raise ShuttingDown("the service is shutting down")
-        if len(self._queue) >= self.policy.max_queue_size:
-            raise Overloaded(
-                f"model {self.model!r} has {len(self._queue)} requests queued "
-                f"(limit {self.policy.max_queue_size}, CAPSNET_MAX_QUEUE_SIZE); retry later"
-            )
-        rows = next(iter(inputs.values())).shape[0]
-        request = _Request(inputs, rows, asyncio.get_running_loop().create_future())
-        self._queue.append(request)
-        self._m_depth.set(len(self._queue))
-        self._wakeup.set()
+        """Queue one request (every input has the same leading batch dimension) and await its outputs."""
+        waiter = LoopWaiter()
+        self._enqueue(_Request(inputs, _rows(inputs), waiter), inline=False)
+        expiry = waiter.loop.call_later(self.policy.timeout_s, self._expire, waiter.future)
         try:
-            return await asyncio.wait_for(request.future, self.policy.timeout_s)
-        except asyncio.TimeoutError as e:  # not the builtin TimeoutError before Python 3.11
-            raise InferenceTimeout(
-                f"inference on model {self.model!r} did not finish within {self.policy.timeout_s:g} s"
-            ) from e
+            return await waiter.future
+        finally:
+            expiry.cancel()
+
+    def submit_blocking(self, inputs: Tensors, on_cancel: CancelHook | None = None) -> Tensors:
+        """Queue one request and block until its outputs; run it in this thread when the graph is idle.
+
+        `on_cancel` registers a callback for when the caller's call ends early (gRPC's `context.add_callback`):
+        the request is then skipped if still queued, and this thread returns at once.
+        """
+        waiter = ThreadWaiter()
+        request = _Request(inputs, _rows(inputs), waiter)
+        if self._enqueue(request, inline=True):
+            return self._run_inline(request)
+        if on_cancel is not None:
+            on_cancel(waiter.abandon)
+        if not waiter.event.wait(self.policy.timeout_s):
+            waiter.gave_up = True
+            raise self._timeout()
+        if isinstance(waiter.outcome, BaseException):
+            raise waiter.outcome
+        if waiter.outcome is None:  # abandoned when the call ended: nobody reads what this raises
+            raise CallCancelled(f"the call to model {self.model!r} ended before its outputs were ready")
+        return waiter.outcome
 
     async def close(self) -> None:
         """Stop taking requests, finish every queued one, then stop the worker."""
-        self._closing = True
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
-    async def _work(self) -> None:
-        while True:
-            if not self._queue:
-                if self._closing:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            batch = self._take()
-            if batch:
-                await self._fill(batch)
-                await self._run(batch)
+    def _enqueue(self, request: _Request, inline: bool) -> bool:
+        """Queue `request`; True instead when `inline` and the graph is idle: the caller runs it itself."""
+        with self._changed:
+            if self._closing:
+                raise ShuttingDown("the service is shutting down")
+            if inline and not self._busy and not self._queue and not self.policy.max_queue_delay_s:
+                self._busy = True
+                return True
+            if len(self._queue) >= self.policy.max_queue_size:
+                raise Overloaded(
+                    f"model {self.model!r} has {len(self._queue)} requests queued "
+                    f"(limit {self.policy.max_queue_size}, CAPSNET_MAX_QUEUE_SIZE); retry later"
+                )
+            self._queue.append(request)
+            self._m_depth.set(len(self._queue))
+            self._changed.notify()
+        return False
 
-    def _take(self, batch: list[_Request] | None = None) -> list[_Request]:
+    def _timeout(self) -> InferenceTimeout:
+        return InferenceTimeout(f"inference on model {self.model!r} did not finish within {self.policy.timeout_s:g} s")
+
+    def _expire(self, future: asyncio.Future[Tensors]) -> None:
+        if not future.done():
+            future.set_exception(self._timeout())
+
+    def _run_inline(self, request: _Request) -> Tensors:
+        try:
+            ((_, outcome),) = self._execute([request])
+        finally:
+            with self._changed:
+                self._busy = False
+                self._changed.notify()  # requests queued meanwhile are the worker's
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _work(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                live = [r for r in batch if not r.waiter.abandoned()]
+                if live:
+                    self._deliver(self._execute(live))
+            finally:
+                with self._changed:
+                    self._busy = False
+
+    def _next_batch(self) -> list[_Request] | None:
+        """Wait for queued requests while the graph is idle, take a batch and fill it; None once closed and empty."""
+        with self._changed:
+            while self._busy or not self._queue:
+                if self._closing and not self._queue:
+                    return None
+                self._changed.wait()
+            self._busy = True
+            batch = self._take([])
+            self._fill(batch)
+            return batch
+
+    def _take(self, batch: list[_Request]) -> list[_Request]:
         """Move queued requests into `batch` while they fit; an oversized lone request runs alone."""
-        batch = [] if batch is None else batch
         rows = sum(r.rows for r in batch)
         while self._queue:
             head = self._queue[0]
-            if head.future.done():  # timed out while queued
+            if head.waiter.abandoned():  # timed out while queued
                 self._queue.popleft()
                 continue
             if batch and rows + head.rows > self.policy.max_batch_size:
@@ -128,25 +247,21 @@ class DynamicBatcher:
         self._m_depth.set(len(self._queue))
         return batch
 
-    async def _fill(self, batch: list[_Request]) -> None:
-        """Wait until the oldest request has waited `max_queue_delay` or the batch is full."""
+    def _fill(self, batch: list[_Request]) -> None:
+        """Wait (holding `_changed`) until the oldest request has waited `max_queue_delay` or the batch is full."""
+        if not batch:
+            return
         deadline = batch[0].enqueued + self.policy.max_queue_delay_s
         while not self._closing and sum(r.rows for r in batch) < self.policy.max_batch_size:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 return
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except asyncio.TimeoutError:
-                return
+            self._changed.wait(remaining)
             self._take(batch)
 
-    async def _run(self, batch: list[_Request]) -> None:
+    def _execute(self, live: list[_Request]) -> list[tuple[_Request, Outcome]]:
+        """Run the requests as one batch; each request with its rows of the outputs, or with the batch's error."""
         started = time.perf_counter()
-        live = [r for r in batch if not r.future.done()]
-        if not live:
-            return
         for r in live:
             self._m_queue.observe(started - r.enqueued)
         rows = sum(r.rows for r in live)
@@ -155,23 +270,39 @@ class DynamicBatcher:
             inputs = {
                 k: np.concatenate([r.inputs[k] for r in live]) if len(live) > 1 else live[0].inputs[k] for k in names
             }
-            outputs, seconds = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed_run, inputs)
+            with self._run_lock:
+                start = time.perf_counter()
+                outputs = self._run_fn(inputs)
+                seconds = time.perf_counter() - start
         except Exception as e:
             logger.exception("batch of %d rows on %s/%s failed", rows, self.model, self.graph)
-            for r in live:
-                if not r.future.done():
-                    r.future.set_exception(e)
-            return
+            return [(r, e) for r in live]
         self._m_compute.observe(seconds)
         self._m_batch.observe(rows)
         self._m_rows.inc(rows)
+        results: list[tuple[_Request, Outcome]] = []
         offset = 0
         for r in live:
-            if not r.future.done():
-                r.future.set_result({k: v[offset : offset + r.rows] for k, v in outputs.items()})
+            results.append((r, {k: v[offset : offset + r.rows] for k, v in outputs.items()}))
             offset += r.rows
+        return results
 
-    def _timed_run(self, inputs: Tensors) -> tuple[Tensors, float]:
-        start = time.perf_counter()
-        outputs = self._run_fn(inputs)
-        return outputs, time.perf_counter() - start
+    @staticmethod
+    def _deliver(results: list[tuple[_Request, Outcome]]) -> None:
+        """Wake the blocked callers; hand the awaiting ones their outcomes in one callback per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Tensors], Outcome]]] = {}
+        for request, outcome in results:
+            waiter = request.waiter
+            if isinstance(waiter, ThreadWaiter):
+                waiter.resolve(outcome)
+            else:
+                by_loop.setdefault(waiter.loop, []).append((waiter.future, outcome))
+        for loop, outcomes in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve_futures, outcomes)
+            except RuntimeError:  # that loop has closed: its callers are gone
+                logger.debug("dropping %d results for a closed event loop", len(outcomes))
+
+
+def _rows(inputs: Tensors) -> int:
+    return int(next(iter(inputs.values())).shape[0])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from service.core.errors import ModelCapabilityError, ModelNotReady
 from service.core.metrics import Metrics
-from service.runtime.batcher import BatchingPolicy, DynamicBatcher, RunFn, Tensors
+from service.runtime.batcher import BatchingPolicy, CancelHook, DynamicBatcher, RunFn, Tensors
 from service.runtime.model_dir import GRAPH_FILE, ModelCard, active_provider, create_session
 from service.runtime.repository import ModelDirectory
 
@@ -66,8 +66,10 @@ class ServedModel:
     def has_decoder(self) -> bool:
         return self.card is not None and self.card.decoder is not None
 
-    def load(self, options: RuntimeOptions, executor: Executor) -> None:
-        """Create the sessions, check them against the card and warm them up (blocking; run in a thread)."""
+    def load(self, options: RuntimeOptions, run_lock: threading.Lock) -> None:
+        """Create the sessions, check them against the card and warm them up (blocking; run in a thread).
+
+        Every run of the batchers holds `run_lock` (one for the whole service: runs take turns)."""
         if self.card is None:
             return
         card = self.card
@@ -85,7 +87,7 @@ class ServedModel:
                 self._runners["decoder"] = _runner(decoder, [card.decoder.output.name])
             self.provider = active_provider(graph)
             self._batchers = {
-                graph_name: DynamicBatcher(self.name, graph_name, run, options.policy, executor, self._metrics)
+                graph_name: DynamicBatcher(self.name, graph_name, run, options.policy, run_lock, self._metrics)
                 for graph_name, run in self._runners.items()
             }
             self._warm_up(options.warmup_runs, options.policy.max_batch_size)
@@ -130,7 +132,7 @@ class ServedModel:
                     self._runners["decoder"]({"poses": poses, "mask": mask})
 
     def start(self) -> None:
-        """Start the batch workers on the running event loop and mark the model ready."""
+        """Start the batch workers and mark the model ready."""
         if self.state is not ModelState.LOADING:
             return
         for batcher in self._batchers.values():
@@ -152,6 +154,11 @@ class ServedModel:
         """Images (N, *image_shape) float32 -> every output on the card, keyed by name, batch-major."""
         card = self.require_ready()
         return await self._batchers["capsnet"].submit({card.input.name: images})
+
+    def infer_blocking(self, images: np.ndarray, on_cancel: CancelHook | None = None) -> Tensors:
+        """`infer` for a caller on its own thread (a gRPC handler), which it blocks; see `submit_blocking`."""
+        card = self.require_ready()
+        return self._batchers["capsnet"].submit_blocking({card.input.name: images}, on_cancel)
 
     def require_decoder(self) -> ModelCard:
         card = self.require_ready()

@@ -63,7 +63,12 @@ class FeatureReference:
     def surprise(self, x: np.ndarray) -> np.ndarray:
         """-log tail probability of each value under the reference (interpolated between quantiles)."""
         cdf = np.interp(x, self.values, self.levels, left=0.0, right=1.0)
-        p = {"upper": 1.0 - cdf, "lower": cdf, "both": np.minimum(cdf, 1.0 - cdf)}[self.tail]
+        if self.tail == "upper":
+            p = 1.0 - cdf
+        elif self.tail == "lower":
+            p = cdf
+        else:
+            p = np.minimum(cdf, 1.0 - cdf)
         return -np.log(np.maximum(p, self.floor))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from concurrent.futures import ThreadPoolExecutor
+import threading
 
 import onnxruntime as ort
 
@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 class ModelRegistry:
     """Holds the served models. `start` loads them (in threads) and warms them up; `close` drains them.
 
-    All ONNX Runtime runs go through one worker thread: each run already uses every intra-op thread the
-    container's CPU quota allows, so running two at once would only make them fight for the cores.
+    All ONNX Runtime runs of the batchers take turns through one lock: each run already uses every intra-op
+    thread the container's CPU quota allows, so running two at once would only make them fight for the cores.
     """
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
@@ -32,7 +32,7 @@ class ModelRegistry:
         self.models: dict[str, ServedModel] = {}
         self.started = False  # every model has been loaded (or has failed)
         self.load_error: str | None = None
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxruntime")
+        self.run_lock = threading.Lock()
         self._default: str | None = None
 
     @property
@@ -63,7 +63,7 @@ class ModelRegistry:
             options.intra_op_threads,
         )
         for model in self.models.values():
-            await loop.run_in_executor(None, model.load, options, self.executor)
+            await loop.run_in_executor(None, model.load, options, self.run_lock)
             model.start()
             self._record(model)
         self._default = self._choose_default()
@@ -96,7 +96,6 @@ class ModelRegistry:
         """Stop taking requests and finish the queued ones, model by model."""
         for model in self.models.values():
             await model.close()
-        self.executor.shutdown(wait=True)
 
     @property
     def ready(self) -> bool:

@@ -1,4 +1,5 @@
-"""The dynamic batcher, with a fake model: gathering, limits, back-pressure, timeouts, failures and draining."""
+"""The dynamic batcher, with a fake model: gathering, limits, back-pressure, timeouts, failures and draining, for
+coroutines and for blocking callers (threads, as the gRPC handlers)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
@@ -14,7 +14,7 @@ import pytest
 
 from service.core.errors import InferenceTimeout, Overloaded, ShuttingDown
 from service.core.metrics import Metrics
-from service.runtime.batcher import BatchingPolicy, DynamicBatcher, Tensors
+from service.runtime.batcher import BatchingPolicy, CallCancelled, DynamicBatcher, Tensors
 
 T = TypeVar("T")
 
@@ -24,6 +24,7 @@ class FakeModel:
 
     def __init__(self, fail_on: int | None = None) -> None:
         self.batches: list[int] = []
+        self.threads: list[str] = []  # the thread of each run
         self.gate = threading.Event()
         self.gate.set()
         self.fail_on = fail_on
@@ -32,6 +33,7 @@ class FakeModel:
         self.gate.wait(5)
         x = inputs["x"]
         self.batches.append(len(x))
+        self.threads.append(threading.current_thread().name)
         if self.fail_on is not None and self.fail_on in x:
             raise RuntimeError("poisoned batch")
         return {"y": 2 * x}
@@ -43,13 +45,12 @@ def run(
     async def main() -> T:
         fake = model or FakeModel()
         settings = {"max_batch_size": 4, "max_queue_delay_s": 0.0, "max_queue_size": 100, "timeout_s": 5.0, **policy}
-        with ThreadPoolExecutor(1) as executor:
-            batcher = DynamicBatcher("m", "g", fake, BatchingPolicy(**settings), executor, Metrics())
-            batcher.start()
-            try:
-                return await scenario(batcher, fake)
-            finally:
-                await batcher.close()
+        batcher = DynamicBatcher("m", "g", fake, BatchingPolicy(**settings), threading.Lock(), Metrics())
+        batcher.start()
+        try:
+            return await scenario(batcher, fake)
+        finally:
+            await batcher.close()
 
     return asyncio.run(main())
 
@@ -185,3 +186,132 @@ def test_close_finishes_queued_work_then_refuses() -> None:
         assert sum(fake.batches) == 6
 
     run(scenario)
+
+
+async def in_thread(call: Callable[[], T]) -> T:
+    """`call` on a thread of its own (as a gRPC handler), awaited."""
+    return await asyncio.get_running_loop().run_in_executor(None, call)
+
+
+def test_a_blocking_caller_on_an_idle_graph_runs_its_request_itself() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> tuple[Tensors, str]:
+        def call() -> tuple[Tensors, str]:
+            return batcher.submit_blocking(rows(3)), threading.current_thread().name
+
+        return await in_thread(call)
+
+    fake = FakeModel()
+    out, caller = run(scenario, model=fake)
+    assert out["y"].tolist() == [6.0]
+    assert fake.threads == [caller]  # no hand-off to the worker thread
+
+
+def test_blocking_callers_and_coroutines_share_batches() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> tuple[list[Tensors], list[Tensors]]:
+        fake.gate.clear()
+        first = asyncio.ensure_future(batcher.submit(rows(-1)))
+        await asyncio.sleep(0.05)
+        blocked = [asyncio.ensure_future(in_thread(lambda i=i: batcher.submit_blocking(rows(i)))) for i in (1, 2)]
+        awaited = [asyncio.ensure_future(batcher.submit(rows(3)))]
+        while batcher.depth < 3:
+            await asyncio.sleep(0.01)
+        fake.gate.set()
+        await first
+        return list(await asyncio.gather(*blocked)), list(await asyncio.gather(*awaited))
+
+    fake = FakeModel()
+    blocked, awaited = run(scenario, model=fake)
+    assert fake.batches == [1, 3]
+    assert fake.threads == ["batcher-m-g", "batcher-m-g"]  # the graph was busy: the worker ran them
+    assert [o["y"].tolist() for o in blocked] == [[2.0], [4.0]] and awaited[0]["y"].tolist() == [6.0]
+
+
+def test_with_a_queue_delay_blocking_callers_wait_for_company() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        first = asyncio.ensure_future(in_thread(lambda: batcher.submit_blocking(rows(1))))
+        await asyncio.sleep(0.02)
+        await asyncio.gather(first, batcher.submit(rows(2)))
+        assert fake.batches == [2]
+
+    run(scenario, max_queue_delay_s=0.3)
+
+
+def test_blocking_callers_get_the_same_errors() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        fake.gate.clear()
+        running = asyncio.ensure_future(batcher.submit(rows(0)))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(batcher.submit(rows(1)))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded, match=r"model 'm' has 1 requests queued \(limit 1, CAPSNET_MAX_QUEUE_SIZE\)"):
+            await in_thread(lambda: batcher.submit_blocking(rows(2)))
+        fake.gate.set()
+        await asyncio.gather(running, queued)
+        with pytest.raises(RuntimeError, match="poisoned batch"):
+            await in_thread(lambda: batcher.submit_blocking(rows(13)))
+
+    run(scenario, model=FakeModel(fail_on=13), max_queue_size=1)
+
+
+def test_a_blocking_caller_times_out_and_its_work_is_skipped() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        fake.gate.clear()
+        running = asyncio.ensure_future(batcher.submit(rows(0)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(InferenceTimeout, match=r"inference on model 'm' did not finish within 0.2 s"):
+            await in_thread(lambda: batcher.submit_blocking(rows(1)))
+        fake.gate.set()
+        with pytest.raises(InferenceTimeout):
+            await running
+        assert (await batcher.submit(rows(5)))["y"].tolist() == [10.0]
+        assert fake.batches == [1, 1]
+
+    run(scenario, timeout_s=0.2)
+
+
+def test_a_cancelled_blocking_call_frees_its_thread_and_is_skipped() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        fake.gate.clear()
+        running = asyncio.ensure_future(batcher.submit(rows(0)))
+        await asyncio.sleep(0.05)
+        cancel: list[Callable[[], None]] = []
+        blocked = asyncio.ensure_future(in_thread(lambda: batcher.submit_blocking(rows(1), cancel.append)))
+        while not cancel:
+            await asyncio.sleep(0.01)
+        cancel[0]()  # what gRPC does when the client cancels the call
+        with pytest.raises(CallCancelled, match="the call to model 'm' ended before its outputs were ready"):
+            await blocked
+        fake.gate.set()
+        await running
+        assert (await batcher.submit(rows(5)))["y"].tolist() == [10.0]
+        assert fake.batches == [1, 1]  # the cancelled request never ran
+
+    run(scenario)
+
+
+def test_graphs_sharing_a_run_lock_never_run_at_once() -> None:
+    active, most = 0, 0
+    guard = threading.Lock()
+
+    def model(inputs: Tensors) -> Tensors:
+        nonlocal active, most
+        with guard:
+            active += 1
+            most = max(most, active)
+        time.sleep(0.01)
+        with guard:
+            active -= 1
+        return {"y": inputs["x"]}
+
+    async def main() -> None:
+        lock, policy = threading.Lock(), BatchingPolicy(1, 0.0, 100, 5.0)
+        batchers = [DynamicBatcher("m", g, model, policy, lock, Metrics()) for g in ("a", "b")]
+        for b in batchers:
+            b.start()
+        await asyncio.gather(*(b.submit(rows(i)) for i in range(8) for b in batchers))
+        await asyncio.gather(*(in_thread(lambda b=b: b.submit_blocking(rows(1))) for b in batchers))
+        for b in batchers:
+            await b.close()
+
+    asyncio.run(main())
+    assert most == 1

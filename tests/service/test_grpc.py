@@ -6,6 +6,7 @@ Each app runs in-process (its gRPC server on the TestClient's event loop, as und
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -408,3 +409,45 @@ def test_messages_match_the_stock_client_field_by_field() -> None:
             assert ours.full_name == stock.full_name
             mine = fields(ours)
             assert mine == {k: v for k, v in fields(stock).items() if k in mine}, ours.full_name
+
+
+def test_grpc_serves_while_the_http_event_loop_is_blocked(model_repository: Path) -> None:
+    """gRPC has threads of its own: with the HTTP event loop held, calls are still answered and images still run
+    (through the same batcher, which needs no event loop either)."""
+    port = free_port()
+    with TestClient(create_app(service_settings(model_repository, grpc_port=port))) as http:
+        wait_ready(http)
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_loop() -> None:  # runs on the app's event loop thread, and blocks it
+            held.set()
+            release.wait(60)
+
+        holder = threading.Thread(target=http.portal.call, args=(hold_the_loop,))
+        holder.start()
+        try:
+            assert held.wait(10)
+            with triton.InferenceServerClient(f"127.0.0.1:{port}") as c:
+                assert c.is_server_ready(client_timeout=20)
+                result = c.infer(TINY, [image_input()], client_timeout=20)
+        finally:
+            release.set()
+            holder.join()
+        assert result.as_numpy("lengths").shape == (3, 10)
+        assert 'capsnet_inferences_total{graph="capsnet",model="tiny"} 3.0' in http.get("/metrics").text
+
+
+def test_a_call_that_ends_while_queued_is_not_run(model_repository: Path) -> None:
+    """A call whose deadline passes while its image waits for company in a batch is answered DEADLINE_EXCEEDED,
+    and its image is left out of the batch; the next call runs."""
+    port = free_port()
+    settings = service_settings(model_repository, grpc_port=port, max_batch_size=4, max_queue_delay_ms=1500)
+    with TestClient(create_app(settings)) as http:
+        wait_ready(http)
+        with triton.InferenceServerClient(f"127.0.0.1:{port}") as c:
+            status, _ = error_of(lambda: c.infer(TINY, [image_input(IMAGES[:1])], client_timeout=0.3))
+            assert status == "StatusCode.DEADLINE_EXCEEDED"
+            assert c.infer(TINY, [image_input(IMAGES[:2])]).as_numpy("lengths").shape == (2, 10)
+        text = http.get("/metrics").text
+    assert 'capsnet_inferences_total{graph="capsnet",model="tiny"} 2.0' in text  # the second call's images only
+    assert 'capsnet_batch_size_count{graph="capsnet",model="tiny"} 1.0' in text

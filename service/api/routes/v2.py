@@ -31,6 +31,7 @@ from service.core.config import Settings
 from service.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge, UnsupportedMediaType
 from service.runtime.card import ModelCard
 from service.runtime.model import ServedModel
+from service.runtime.registry import ModelRegistry
 
 router = APIRouter(tags=["v2 (Open Inference Protocol)"])
 health_router = APIRouter(tags=["v2 (Open Inference Protocol)"])  # stays open when the others need a token
@@ -63,15 +64,20 @@ def server_version() -> str:
         return "0+unknown"
 
 
+def model_of_version(registry: ModelRegistry, name: str, model_version: str) -> ServedModel:
+    """The named model if `model_version` is its card's version (shared by REST and gRPC)."""
+    model = registry.get(name)
+    if model.card is not None and model_version != model.card.version:
+        raise ModelNotFound(f"model {name!r} has no version {model_version!r} (served: {model.card.version!r})")
+    return model
+
+
 async def versioned_model(
     registry: RegistryDep,
     name: Annotated[str, Path(description="model name")],
     model_version: Annotated[str, Path(description="model version (the card's `version`)")],
 ) -> ServedModel:
-    model = registry.get(name)
-    if model.card is not None and model_version != model.card.version:
-        raise ModelNotFound(f"model {name!r} has no version {model_version!r} (served: {model.card.version!r})")
-    return model
+    return model_of_version(registry, name, model_version)
 
 
 @router.get("/v2", summary="Server metadata")
