@@ -103,3 +103,7 @@ def main(argv: list[str]) -> int:
         return cli_error("capsnet-quantize bench", e)
     print(json.dumps(result))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
