@@ -223,6 +223,8 @@ def test_bench_alternates_both_models_and_reports_ratios(zoo: Path, capsys: pyte
     for row in result["batches"].values():
         assert row["tiny_images_per_second"] > 0 and row["tiny-int8_images_per_second"] > 0
         assert len(row["ratio_per_round"]) == 2 and row["ratio_median"] > 0
+        assert row["tiny_cpu_ms_per_image"] > 0 and row["tiny-int8_cpu_ms_per_image"] > 0
+        assert row["cpu_ratio_median"] > 0
 
 
 def test_bench_runs_as_a_module() -> None:
