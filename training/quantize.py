@@ -488,6 +488,7 @@ def _summary(card: dict[str, Any], out: Path, dry_run: bool) -> dict[str, Any]:
         "max_abs_difference": parity["max_abs_difference"],
         "mean_abs_difference": parity["mean_abs_difference"],
         "quantized": card["quantization"]["quantized"],
+        "u_hat_einsum_as_matmul": card["quantization"]["u_hat_einsum_as_matmul"],
         "files": {f: e["bytes"] for f, e in card["files"].items()},
     }
 

@@ -174,12 +174,16 @@ def test_cli_writes_a_dry_run_summary(
         str(mnist_dir),
         "--calibration-images",
         "4",
+        "--ops",
+        "Conv",
+        "--keep-einsum",
         "--dry-run",
     ]
     args += ["--min-agreement", "0", *(a for flag in loose for a in (flag, "1"))]
     assert quantize.main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["dry_run"] and summary["name"] == "cli-int8" and summary["parent_errors"] is not None
+    assert summary["quantized"] == ["node_conv2d", "node_conv2d_1"] and summary["u_hat_einsum_as_matmul"] == []
     assert not out.exists()
 
 
