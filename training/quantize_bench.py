@@ -21,15 +21,20 @@ from training.entry import cli_error
 BENCH_BATCHES = (1, 32)
 
 
-def _throughput(session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> float:
-    """Images/s of back-to-back runs of `feed` for at least `seconds` (and at least 3 runs)."""
+def _throughput(session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> tuple[float, float]:
+    """(images/s, CPU seconds per image) of back-to-back runs of `feed` for at least `seconds` (and 3 runs).
+
+    The CPU time is this process's (all of ONNX Runtime's threads): other jobs on a shared machine
+    stretch the wall time of a run far more than the work it does.
+    """
     batch = len(next(iter(feed.values())))
     session.run(None, feed)
-    runs, start = 0, time.perf_counter()
+    runs, start, cpu = 0, time.perf_counter(), time.process_time()
     while runs < 3 or time.perf_counter() - start < seconds:
         session.run(None, feed)
         runs += 1
-    return batch * runs / (time.perf_counter() - start)
+    images = batch * runs
+    return images / (time.perf_counter() - start), (time.process_time() - cpu) / images
 
 
 def benchmark(
@@ -42,6 +47,9 @@ def benchmark(
     batches: Sequence[int] = BENCH_BATCHES,
 ) -> dict[str, Any]:
     """Raw ONNX Runtime images/s of two model directories at each batch size, alternated in rounds; ratios per round.
+
+    Also the CPU time per image of each and its ratio (SECOND's speed-up in CPU time), steadier than the
+    wall-time ratio on a busy machine but blind to how well each graph spreads over the threads.
 
     Sessions use the service's options (`service.runtime.model_dir.create_session` on CPU; intra-op threads
     from $OMP_NUM_THREADS or ONNX Runtime's default unless `threads` is given). Random images: the speed of
@@ -61,15 +69,22 @@ def benchmark(
     for b in batches:
         feed = {base_card["input"]["name"]: rng.random((b, *shape), dtype=np.float32)}
         rates: dict[str, list[float]] = {base: [], cand: []}
+        cpu: dict[str, list[float]] = {base: [], cand: []}
         for _ in range(rounds):
-            rates[base].append(_throughput(base_session, feed, seconds))
-            rates[cand].append(_throughput(cand_session, feed, seconds))
+            for name, session in ((base, base_session), (cand, cand_session)):
+                rate, cpu_per_image = _throughput(session, feed, seconds)
+                rates[name].append(rate)
+                cpu[name].append(cpu_per_image)
         ratios = [c / f for f, c in zip(rates[base], rates[cand], strict=True)]
+        cpu_ratios = [f / c for f, c in zip(cpu[base], cpu[cand], strict=True)]
         results["batches"][str(b)] = {
             f"{base}_images_per_second": round(statistics.median(rates[base]), 1),
             f"{cand}_images_per_second": round(statistics.median(rates[cand]), 1),
             "ratio_median": round(statistics.median(ratios), 3),
             "ratio_per_round": [round(r, 3) for r in ratios],
+            f"{base}_cpu_ms_per_image": round(1000 * statistics.median(cpu[base]), 3),
+            f"{cand}_cpu_ms_per_image": round(1000 * statistics.median(cpu[cand]), 3),
+            "cpu_ratio_median": round(statistics.median(cpu_ratios), 3),
         }
     return results
 
@@ -78,7 +93,8 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="capsnet-quantize bench",
         description="Raw ONNX Runtime throughput of two model directories at batch 1 and 32, alternated in rounds "
-        "so drift on a shared machine hits both; prints JSON with the ratio SECOND / FIRST.",
+        "so drift on a shared machine hits both; prints JSON with the speed ratio SECOND / FIRST in wall time (the "
+        "target's measure) and in CPU time per image (steadier on a busy machine).",
     )
     p.add_argument("baseline", metavar="FIRST", help="model directory, e.g. model/zoo/capsnet-mnist")
     p.add_argument("candidate", metavar="SECOND", help="model directory, e.g. model/zoo/capsnet-mnist-int8")
@@ -103,3 +119,7 @@ def main(argv: list[str]) -> int:
         return cli_error("capsnet-quantize bench", e)
     print(json.dumps(result))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

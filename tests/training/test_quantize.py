@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +61,13 @@ def session(path: Path) -> ort.InferenceSession:
 def test_card_records_quantization_parent_and_both_test_errors(zoo: Path, card: dict[str, Any]) -> None:
     parent = json.loads((zoo / "tiny" / "model.json").read_text())
     q = card["quantization"]
-    assert (q["method"], q["format"], q["per_channel"], q["op_types"]) == ("percentile", "QDQ", True, ["Conv"])
+    assert (q["method"], q["format"], q["per_channel"]) == ("percentile", "QDQ", True)
+    assert q["op_types"] == ["Conv", "Relu", "Gemm"] and q["u_hat_einsum_as_matmul"] == ["node_einsum"]
     assert q["onnxruntime"] == ort.__version__ and q["command"] == "c"
     assert q["calibration"]["images"] == CALIBRATION and q["calibration"]["seed"] == 3
     assert q["calibration"]["indices"] == calibration_indices(64, CALIBRATION, 3).tolist()
-    assert len(q["quantized"]) == 2  # both convolutions
+    assert len(q["quantized"]) == 5  # both convolutions and the decoder's three Gemms (the ReLU is folded in)
+    assert "Einsum" not in q["float32_op_types"] and {"MatMul", "Softmax"} <= set(q["float32_op_types"])
     assert card["parent"] == {
         "name": "tiny",
         "version": parent["version"],
@@ -93,7 +97,7 @@ def test_files_hash_and_graphs_are_int8_with_float_decoder(zoo: Path, card: dict
     assert load_model_dir(zoo / "tiny-int8").raw_card == card
     graph = onnx.load(str(zoo / "tiny-int8" / "capsnet.onnx"))
     ops = {n.op_type for n in graph.graph.node}
-    assert {"QuantizeLinear", "DequantizeLinear"} <= ops and not ops & {"Loop", "If", "Scan"}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops and not ops & {"Loop", "If", "Scan", "Einsum", "Relu"}
     assert any(i.data_type == onnx.TensorProto.INT8 for i in graph.graph.initializer)
     assert json.loads(dict((p.key, p.value) for p in graph.metadata_props)["capsnet.card"])["name"] == "tiny-int8"
     decoder, parent_decoder = (onnx.load(str(zoo / d / "decoder.onnx")).graph for d in ("tiny-int8", "tiny"))
@@ -118,6 +122,14 @@ def test_service_loads_and_serves_the_int8_model(zoo: Path) -> None:
         response = client.post("/v2/models/tiny-int8/infer", json=image)
         assert response.status_code == 200, response.text
         assert [o["name"] for o in response.json()["outputs"]] == ["lengths", "poses", "reconstruction", "explanation"]
+
+
+def test_keep_einsum_leaves_the_u_hat_transform_as_exported(zoo: Path, mnist_dir: Path, tmp_path: Path) -> None:
+    options = QuantizeOptions(calibration_images=4, ops=("Conv",), rewrite_u_hat=False)
+    card = quantize_model_dir(zoo / "tiny", tmp_path / "kept-int8", data_dir=mnist_dir, options=options, bounds=LOOSE)
+    q = card["quantization"]
+    assert q["u_hat_einsum_as_matmul"] == [] and q["op_types"] == ["Conv"] and len(q["quantized"]) == 2
+    assert "Einsum" in {n.op_type for n in onnx.load(str(tmp_path / "kept-int8" / "capsnet.onnx")).graph.node}
 
 
 def test_a_broken_bound_refuses_the_model_and_writes_nothing(zoo: Path, mnist_dir: Path, tmp_path: Path) -> None:
@@ -162,12 +174,16 @@ def test_cli_writes_a_dry_run_summary(
         str(mnist_dir),
         "--calibration-images",
         "4",
+        "--ops",
+        "Conv",
+        "--keep-einsum",
         "--dry-run",
     ]
     args += ["--min-agreement", "0", *(a for flag in loose for a in (flag, "1"))]
     assert quantize.main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["dry_run"] and summary["name"] == "cli-int8" and summary["parent_errors"] is not None
+    assert summary["quantized"] == ["node_conv2d", "node_conv2d_1"] and summary["u_hat_einsum_as_matmul"] == []
     assert not out.exists()
 
 
@@ -211,6 +227,15 @@ def test_bench_alternates_both_models_and_reports_ratios(zoo: Path, capsys: pyte
     for row in result["batches"].values():
         assert row["tiny_images_per_second"] > 0 and row["tiny-int8_images_per_second"] > 0
         assert len(row["ratio_per_round"]) == 2 and row["ratio_median"] > 0
+        assert row["tiny_cpu_ms_per_image"] > 0 and row["tiny-int8_cpu_ms_per_image"] > 0
+        assert row["cpu_ratio_median"] > 0
+
+
+def test_bench_runs_as_a_module() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "training.quantize_bench", "--help"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and "FIRST SECOND" in done.stdout and "(default: 5)" in done.stdout
 
 
 def test_bench_rejects_a_directory_without_a_card(
