@@ -108,12 +108,14 @@ class RoutingGeometry(nn.Module):
         """
         b, p_out, _, n = logits.shape
         kk = self.kernel_entries
-        per_entry = logsumexp(logits, dim=2)  # (B, P_out, N): over the parent types at one position
-        per_entry = per_entry.reshape(b, p_out * kk, n // kk)  # (B, P_out*KK, B_in)
+        # logsumexp over the parent types at one position, keeping exp(logit - max) to reuse below
+        top = logits.amax(dim=2, keepdim=True).detach()  # (B, P_out, 1, N)
+        scaled = (logits - top).exp()  # (B, P_out, C_out, N), each <= 1
+        per_entry = (top + scaled.sum(dim=2, keepdim=True).log()).reshape(b, p_out * kk, n // kk)  # (B, P_out*KK, B_in)
         padded = F.pad(per_entry, (0, 0, 0, 1), value=PAD_LOGIT)  # (B, P_out*KK + 1, B_in)
         per_child = logsumexp(padded[:, self.cover_index], dim=2)  # (B, P_in, B_in): over all positions
         log_z = per_child.index_select(1, self.window_index).reshape(b, p_out, 1, n)  # (B, P_out, 1, N)
-        return (logits - log_z).exp()
+        return scaled * (top - log_z).exp()  # exp(logit - log_z); log_z >= top, so no factor exceeds 1
 
 
 class Workspace:
@@ -220,7 +222,7 @@ class VoteProducts:
         self.record = record
         self.rows_first = rows_first
         self.weights: list[tuple[torch.Tensor, torch.Tensor]] = []  # (w (B, P, C, 1, N), w @ [V, V²])
-        self.coefs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (coef (B, P, C, 2H, 1), [V, V²] @ coef)
+        self.coefs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (coef (B, P, C, 2H, 1), bias + [V, V²] @ coef)
 
     def moments(self, w: torch.Tensor) -> torch.Tensor:
         """w (B, P, C, 1, N) -> Σ_i w_ij [V_ij, V_ij²]: (B, P, C, 1, 2H)."""
@@ -229,14 +231,20 @@ class VoteProducts:
             self.weights.append((w, out))
         return out
 
-    def project(self, coef: torch.Tensor) -> torch.Tensor:
-        """coef (B, P, C, 2H, 1) -> [V_ij, V_ij²] · coef_j: (B, P, C, N, 1)."""
+    def project(self, coef: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """coef (B, P, C, 2H, 1), bias (B, P, C, 1) -> bias_j + [V_ij, V_ij²] · coef_j: (B, P, C, N).
+
+        The bias is added inside the product (baddbmm) so that no extra vote-count tensor is written; the
+        gradient of the result is that of the product alone.
+        """
         lin, quad = coef[..., :H, :], coef[..., H:, :]  # (B, P, C, H, 1) each
         if self.rows_first:
-            t = lin.transpose(-1, -2) @ self.votes.transpose(-1, -2) + quad.transpose(-1, -2) @ self.squares.mT
-            out = t.transpose(-1, -2)  # (B, P, C, N, 1)
+            b, p, c, n, _ = self.votes.shape
+            votes, squares = self.votes.view(-1, n, H).mT, self.squares.view(-1, n, H)  # (B*P*C, H, N), (.., N, H)
+            out = torch.baddbmm(bias.reshape(-1, 1, 1), lin.reshape(-1, H, 1).mT, votes)  # (B*P*C, 1, N)
+            out = out.baddbmm_(quad.reshape(-1, H, 1).mT, squares.mT).view(b, p, c, n)
         else:
-            out = self.votes @ lin + self.squares @ quad
+            out = (self.votes @ lin + self.squares @ quad).squeeze(-1) + bias
         if self.record:
             self.coefs.append((coef, out))
         return out
@@ -291,8 +299,7 @@ def e_step(
     inv = 1.0 / var  # (B, P, C, H)
     coef = torch.cat([mu * inv, -0.5 * inv], dim=-1).unsqueeze(-1)  # (B, P, C, 2H, 1)
     const = -0.5 * (mu * mu * inv + log_var).sum(dim=-1, keepdim=True)  # (B, P, C, 1)
-    log_p = products.project(coef).squeeze(-1) + const  # (B, P, C, N)
-    return geometry.normalise(F.logsigmoid(logit) + log_p)
+    return geometry.normalise(products.project(coef, F.logsigmoid(logit) + const))  # log a_j + log p_j
 
 
 def route(
@@ -324,7 +331,9 @@ def assemble_vote_gradient(products: VoteProducts, result_grads: list[torch.Tens
     factors, K = 2T - 1, and dL/dV = G_V + 2 V ⊙ G_V². Overwrites products.squares (the gradient of V²).
     """
     k = len(products.weights)
-    left = [w.transpose(-1, -2) for w, _ in products.weights] + result_grads[k:]  # each (B, P, C, N, 1)
+    left = [w.transpose(-1, -2) for w, _ in products.weights] + [
+        g.unsqueeze(-1) for g in result_grads[k:]
+    ]  # (B, P, C, N, 1)
     right = result_grads[:k] + [coef.transpose(-1, -2) for coef, _ in products.coefs]  # each (B, P, C, 1, 2H)
     lhs = torch.cat(left, dim=-1).flatten(0, 2)  # (B*P*C, N, K)
     rhs = torch.cat(right, dim=-2).flatten(0, 2)  # (B*P*C, K, 2H)
