@@ -388,9 +388,15 @@ def test_fast_layer_matches_the_straightforward_reference(case: str, iterations:
     def plain(m: torch.Tensor, w: torch.Tensor, a: torch.Tensor, bu: torch.Tensor, ba: torch.Tensor) -> object:
         return em_routing(votes_plain(m, w, coords), a, bu, ba, geometry, cfg)  # what export and compile run
 
+    def fused_per_image(
+        m: torch.Tensor, w: torch.Tensor, a: torch.Tensor, bu: torch.Tensor, ba: torch.Tensor
+    ) -> object:
+        with mock.patch.object(em_module, "ROUTING_CHUNK_VOTES", 1):  # the routing in chunks of one image
+            return fused(m, w, a, bu, ba)
+
     want = outputs_and_grads(reference, inputs)
     names = ["a", "mu", "dposes", "dW", "da", "dbu", "dba"]
-    for fn in (fused, plain):
+    for fn in (fused, fused_per_image, plain):
         for got, expected, name in zip(outputs_and_grads(fn, inputs), want, names, strict=True):
             label = f"{fn.__name__} {name}"
             torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10, msg=lambda m, label=label: f"{label}: {m}")
