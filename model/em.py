@@ -134,9 +134,11 @@ class Workspace:
     def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """An uninitialised buffer of `shape` with the dtype and device of `like`."""
         shape = tuple(shape)
+        inference = torch.is_inference_mode_enabled()  # inference tensors can only be written in inference mode
         with self.lock:
             for k, t in enumerate(self.idle):
-                if t.shape == shape and t.dtype == like.dtype and t.device == like.device:
+                usable = inference or not t.is_inference()
+                if usable and t.shape == shape and t.dtype == like.dtype and t.device == like.device:
                     return self.idle.pop(k)
         return torch.empty(shape, dtype=like.dtype, device=like.device)
 

@@ -441,6 +441,20 @@ def test_workspace_reuses_buffers_and_bounds_what_it_keeps() -> None:
     assert pool.take((3, 4), like.double()).dtype == torch.float64  # never a buffer of another dtype
     pool.give(*(pool.take((k, 1), like) for k in range(1, 5)))
     assert [t.shape[0] for t in pool.idle] == [3, 4]  # only the last `keep` returned
+    with torch.inference_mode():
+        made_in_inference = pool.take((5, 5), like)
+    pool.give(made_in_inference)
+    assert pool.take((5, 5), like).data_ptr() != made_in_inference.data_ptr()  # not writable outside it
+
+
+def test_training_after_inference_mode_evaluation() -> None:
+    """Buffers pooled under torch.inference_mode must not be handed to a training step."""
+    net, x = tiny_net(), torch.rand(2, 1, 28, 28)
+    with mock.patch.object(em_module, "INFERENCE_CHUNK_VOTES", 1), torch.inference_mode():
+        net.eval()(x)  # chunks of one image
+    with mock.patch.object(em_module, "ROUTING_CHUNK_VOTES", 1):
+        net.train()(x[:1]).activations.sum().backward()  # the same vote shapes as the inference chunks
+    assert all(p.grad is not None for p in net.parameters())
 
 
 def test_a_training_step_returns_every_vote_buffer() -> None:
