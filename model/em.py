@@ -210,8 +210,8 @@ def votes_into_workspace(
 class VoteProducts:
     """The routing's only access to the votes: matrix products against V and V ⊙ V (each (B, P, C, N, H)).
 
-    `moments(w)` = w @ [V, V²] is the M-step's weighted first and second moments; `project(coef)` =
-    [V, V²] @ coef the E-step's expanded Gaussian exponent. With `record=True` every product's operand and
+    `moments(w)` = w @ [V, V²] is the M-step's weighted first and second moments; `project(coef, bias)` =
+    bias + [V, V²] @ coef the E-step's expanded Gaussian exponent. With `record=True` every product's operand and
     result are kept, so the gradient of V can be assembled afterwards in a single matmul (see
     `FusedEMLayer`). `rows_first` computes the projection as coefᵀ Vᵀ, the form the CPU BLAS runs several
     times faster in eager mode; export keeps V @ coef, which needs no transposed copy of V in the graph.
@@ -243,9 +243,9 @@ class VoteProducts:
         lin, quad = coef[..., :H, :], coef[..., H:, :]  # (B, P, C, H, 1) each
         if self.rows_first:
             b, p, c, n, _ = self.votes.shape
-            votes, squares = self.votes.view(-1, n, H).mT, self.squares.view(-1, n, H)  # (B*P*C, H, N), (.., N, H)
+            votes, squares = (t.view(-1, n, H).mT for t in (self.votes, self.squares))  # (B*P*C, H, N) each
             out = torch.baddbmm(bias.reshape(-1, 1, 1), lin.reshape(-1, H, 1).mT, votes)  # (B*P*C, 1, N)
-            out = out.baddbmm_(quad.reshape(-1, H, 1).mT, squares.mT).view(b, p, c, n)
+            out = out.baddbmm_(quad.reshape(-1, H, 1).mT, squares).view(b, p, c, n)
         else:
             out = (self.votes @ lin + self.squares @ quad).squeeze(-1) + bias
         if self.record:
