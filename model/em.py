@@ -494,13 +494,11 @@ def em_layer(
         a_out, mu = FusedEMLayer.apply(*inputs, coordinates, geometry, cfg)
         return a_out, mu
     b, p, n, _ = poses.shape
-    chunk = max(1, INFERENCE_CHUNK_VOTES // (p * weight.shape[0] * n * H))
     wk, outputs = kron_weight(weight), []
-    for start in range(0, b, chunk):
-        part = poses[start : start + chunk]
-        votes, squares = votes_into_workspace(child_rows(part), wk, part.shape[0], coordinates)
-        a = activations[start : start + chunk]
-        outputs.append(route(VoteProducts(votes, squares, rows_first=True), a, beta_u, beta_a, geometry, cfg))
+    for part in batch_chunks(torch.Size((b, p, weight.shape[0], n, H)), INFERENCE_CHUNK_VOTES):
+        votes, squares = votes_into_workspace(child_rows(poses[part]), wk, len(poses[part]), coordinates)
+        products = VoteProducts(votes, squares, rows_first=True)
+        outputs.append(route(products, activations[part], beta_u, beta_a, geometry, cfg))
         WORKSPACE.give(votes, squares)
     return torch.cat([a for a, _ in outputs]), torch.cat([mu for _, mu in outputs])
 
