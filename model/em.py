@@ -9,10 +9,15 @@ vote among the parents of all those fields (R_ij sums to 1 over every parent the
 among the parents of each field separately. Both the gather of children into receptive fields and the
 normalisation over overlapping fields are Gather ops with constant indices, so the exported graph has
 static shapes apart from the batch and no Loop, If or Scan node.
-"""
+
+The routing is memory-bound (ConvCaps1 holds 5.3 M vote floats per image), so the code touches the votes
+as few times as Procedure 1 allows: one matmul forms them, every M-step and E-step is a matrix product
+against V and V², and in eager training `FusedEMLayer` writes their gradient once, into buffers reused
+from step to step (docs/em-routing.md, "Fast routing")."""
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import torch
@@ -103,49 +108,146 @@ class RoutingGeometry(nn.Module):
         """
         b, p_out, _, n = logits.shape
         kk = self.kernel_entries
-        per_entry = logsumexp(logits, dim=2)  # (B, P_out, N): over the parent types at one position
-        per_entry = per_entry.reshape(b, p_out * kk, n // kk)  # (B, P_out*KK, B_in)
+        # logsumexp over the parent types at one position, keeping exp(logit - max) to reuse below
+        top = logits.amax(dim=2, keepdim=True).detach()  # (B, P_out, 1, N)
+        scaled = (logits - top).exp()  # (B, P_out, C_out, N), each <= 1
+        per_entry = (top + scaled.sum(dim=2, keepdim=True).log()).reshape(b, p_out * kk, n // kk)  # (B, P_out*KK, B_in)
         padded = F.pad(per_entry, (0, 0, 0, 1), value=PAD_LOGIT)  # (B, P_out*KK + 1, B_in)
         per_child = logsumexp(padded[:, self.cover_index], dim=2)  # (B, P_in, B_in): over all positions
         log_z = per_child.index_select(1, self.window_index).reshape(b, p_out, 1, n)  # (B, P_out, 1, N)
-        return (logits - log_z).exp()
+        return scaled * (top - log_z).exp()  # exp(logit - log_z); log_z >= top, so no factor exceeds 1
 
 
-def vote_moments(votes: torch.Tensor) -> torch.Tensor:
-    """[V, V ⊙ V] side by side, (B, P, C, N, 4, 4) -> (B, P, C, N, 2H), formed once per layer.
+class Workspace:
+    """Vote-sized float buffers kept between calls, so each training step reuses the same memory.
 
-    Every M-step and E-step of the routing is one batched matrix product against this tensor, so the
-    routing never builds a fresh (V - μ)² per iteration. `votes` may be a strided view (the layout
-    `transform` computes them in): the stack is the one copy into the layout the routing reads.
+    A fresh 40 MB+ tensor costs more in page faults (the kernel zeroing pages on first touch) than the
+    arithmetic done on it, and the routing needs several per layer per step. Buffers are keyed by
+    shape, dtype and device; at most `keep` idle ones are held (the least recently returned go first).
     """
-    b, p, c, n = votes.shape[:4]
-    return torch.stack([votes, votes * votes], dim=4).reshape(b, p, c, n, 2 * H)  # (B, P, C, N, 2H)
+
+    def __init__(self, keep: int = 12) -> None:
+        self.keep = keep
+        self.idle: list[torch.Tensor] = []
+        self.lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised buffer of `shape` with the dtype and device of `like`."""
+        shape = tuple(shape)
+        inference = torch.is_inference_mode_enabled()  # inference tensors can only be written in inference mode
+        with self.lock:
+            for k, t in enumerate(self.idle):
+                usable = inference or not t.is_inference()
+                if usable and t.shape == shape and t.dtype == like.dtype and t.device == like.device:
+                    return self.idle.pop(k)
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    def give(self, *buffers: torch.Tensor) -> None:
+        """Return buffers taken with `take`; the caller must not use them afterwards."""
+        with self.lock:
+            self.idle.extend(buffers)
+            del self.idle[: max(0, len(self.idle) - self.keep)]
+
+
+WORKSPACE = Workspace()
+INFERENCE_CHUNK_VOTES = 1 << 24  # vote entries per chunk of an eager no-grad forward (64 MB of float32)
+ROUTING_CHUNK_VOTES = 1 << 20  # vote entries per chunk of the training routing's small graph (see FusedEMLayer)
+
+
+def kron_weight(weight: torch.Tensor) -> torch.Tensor:
+    """W (C, N, 4, 4) -> I_4 ⊗ W per child n, (N, H, C*H): row (x, y), column (c, x', z) holds δ_xx' W_cn[y, z].
+
+    With it, every vote of a layer is one batched matmul with K = 16 instead of 4 (the same votes, four times
+    the multiply-adds, most of them by zero, but a shape the GEMM runs well), and each output row holds
+    whole 4x4 votes, so the reorder into the routing's layout moves 16-float blocks.
+    """
+    c, n = weight.shape[:2]
+    eye = torch.eye(POSE, dtype=weight.dtype, device=weight.device)
+    return torch.einsum("xa,cnyz->nxycaz", eye, weight).reshape(n, H, c * H)
+
+
+def child_rows(poses: torch.Tensor) -> torch.Tensor:
+    """Child poses per window (B, P, N, H) -> (N, B*P, H), the left operand of the vote matmul."""
+    b, p, n, _ = poses.shape
+    return poses.permute(2, 0, 1, 3).reshape(n, b * p, H)  # (N, B*P, H)
+
+
+def votes_plain(poses: torch.Tensor, weight: torch.Tensor, coordinates: torch.Tensor | None) -> torch.Tensor:
+    """Votes V_ij = M_i W_ij (B, P, C, N, H) as plain tensor code (what export, tracing and compile run).
+
+    poses (B, P, N, H): child poses per window; weight (C, N, 4, 4); coordinates (N, H) added to every vote.
+    """
+    b, p, n, _ = poses.shape
+    c = weight.shape[0]
+    v = (child_rows(poses) @ kron_weight(weight)).reshape(n, b, p, c, H)  # (N, B, P, C, H)
+    # The reshape after the transpose keeps ONNX Runtime from fusing the transpose into each MatMul that
+    # reads V (FusedMatMul re-reads the untransposed votes every time: 1.4x slower in ORT overall).
+    v = v.permute(1, 2, 3, 0, 4).reshape(b * p * c, n, H).reshape(b, p, c, n, H)  # (B, P, C, N, H)
+    return v if coordinates is None else v + coordinates
+
+
+def votes_into_workspace(
+    rows: torch.Tensor, wk: torch.Tensor, batch: int, coordinates: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V and V ⊙ V (each (B, P, C, N, H)) in workspace buffers, from child_rows (N, B*P, H) and kron_weight.
+
+    The matmul writes (N, B*P, C*H); one copy reorders it to the routing's layout. Give both back after use.
+    """
+    n, bp, _ = rows.shape
+    c = wk.shape[2] // H
+    product = WORKSPACE.take((n, bp, c * H), rows)
+    torch.bmm(rows, wk, out=product)  # (N, B*P, C*H)
+    votes = WORKSPACE.take((batch, bp // batch, c, n, H), rows)
+    votes.view(bp, c, n, H).copy_(product.view(n, bp, c, H).permute(1, 2, 0, 3))  # (B*P, C, N, H)
+    WORKSPACE.give(product)
+    if coordinates is not None:
+        votes.add_(coordinates)
+    squares = WORKSPACE.take(votes.shape, rows)
+    torch.mul(votes, votes, out=squares)
+    return votes, squares
 
 
 class VoteProducts:
-    """The routing's only access to the votes: two matrix products against vv = [V, V ⊙ V] (B, P, C, N, 2H).
+    """The routing's only access to the votes: matrix products against V and V ⊙ V (each (B, P, C, N, H)).
 
-    `moments(w)` = w @ vv is the M-step's weighted first and second moments; `project(coef)` = vv @ coef the
-    E-step's expanded Gaussian exponent. With `record=True` every product's operand and result are kept, so
-    the gradient for vv can be assembled afterwards in a single matmul (see `FusedVoteGradient`).
+    `moments(w)` = w @ [V, V²] is the M-step's weighted first and second moments; `project(coef, bias)` =
+    bias + [V, V²] @ coef the E-step's expanded Gaussian exponent. With `record=True` every product's operand and
+    result are kept, so the gradient of V can be assembled afterwards in a single matmul (see
+    `FusedEMLayer`). `rows_first` computes the projection as coefᵀ Vᵀ, the form the CPU BLAS runs several
+    times faster in eager mode; export keeps V @ coef, which needs no transposed copy of V in the graph.
     """
 
-    def __init__(self, vv: torch.Tensor, record: bool = False) -> None:
-        self.vv = vv
+    def __init__(
+        self, votes: torch.Tensor, squares: torch.Tensor, record: bool = False, rows_first: bool = False
+    ) -> None:
+        self.votes = votes
+        self.squares = squares
         self.record = record
-        self.weights: list[tuple[torch.Tensor, torch.Tensor]] = []  # (w (B, P, C, 1, N), w @ vv)
-        self.coefs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (coef (B, P, C, 2H, 1), vv @ coef)
+        self.rows_first = rows_first
+        self.weights: list[tuple[torch.Tensor, torch.Tensor]] = []  # (w (B, P, C, 1, N), w @ [V, V²])
+        self.coefs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (coef (B, P, C, 2H, 1), bias + [V, V²] @ coef)
 
     def moments(self, w: torch.Tensor) -> torch.Tensor:
         """w (B, P, C, 1, N) -> Σ_i w_ij [V_ij, V_ij²]: (B, P, C, 1, 2H)."""
-        out = w @ self.vv
+        out = torch.cat([w @ self.votes, w @ self.squares], dim=-1)
         if self.record:
             self.weights.append((w, out))
         return out
 
-    def project(self, coef: torch.Tensor) -> torch.Tensor:
-        """coef (B, P, C, 2H, 1) -> [V_ij, V_ij²] · coef_j: (B, P, C, N, 1)."""
-        out = self.vv @ coef
+    def project(self, coef: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """coef (B, P, C, 2H, 1), bias (B, P, C, 1) -> bias_j + [V_ij, V_ij²] · coef_j: (B, P, C, N).
+
+        The bias is added inside the product (baddbmm) so that no extra vote-count tensor is written; the
+        gradient of the result is that of the product alone.
+        """
+        lin, quad = coef[..., :H, :], coef[..., H:, :]  # (B, P, C, H, 1) each
+        if self.rows_first:
+            b, p, c, n, _ = self.votes.shape
+            votes, squares = (t.view(-1, n, H).mT for t in (self.votes, self.squares))  # (B*P*C, H, N) each
+            out = torch.baddbmm(bias.reshape(-1, 1, 1), lin.reshape(-1, H, 1).mT, votes)  # (B*P*C, 1, N)
+            out = out.baddbmm_(quad.reshape(-1, H, 1).mT, squares).view(b, p, c, n)
+        else:
+            out = (self.votes @ lin + self.squares @ quad).squeeze(-1) + bias
         if self.record:
             self.coefs.append((coef, out))
         return out
@@ -163,7 +265,7 @@ def m_step(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Procedure 1, M-step: fit a Gaussian to each parent's weighted votes and compute its activation.
 
-    r (B|1, P, C, N), a_in (B, P, 1, N), products over vv = [V, V²] (B, P, C, N, 2H) -> the activation logit
+    r (B|1, P, C, N), a_in (B, P, 1, N), products over V and V² (B, P, C, N, H) -> the activation logit
     (B, P, C, 1), μ, σ² and log σ² (B, P, C, H). Both moments come from one matmul over the votes:
     σ² = Σ_i w_ij V_ij² - μ² (clamped at 0 against rounding, then floored) instead of a fresh (V - μ)².
     """
@@ -194,14 +296,13 @@ def e_step(
     """Procedure 1, E-step in the log domain: R_ij ∝ a_j p_j(V_ij), normalised over each child's parents.
 
     The Gaussian's exponent is expanded, -Σ_h (V - μ)² / 2σ² = [V, V²] · [μ/σ², -1/2σ²] - Σ_h μ²/2σ², so
-    it is one matmul against vv = [V, V²] (B, P, C, N, 2H). log p_j drops the constant -H/2 log 2π, which cancels in
+    it is one product against V and V² (B, P, C, N, H). log p_j drops the constant -H/2 log 2π, which cancels in
     the normalisation. Returns R (B, P, C, N).
     """
     inv = 1.0 / var  # (B, P, C, H)
     coef = torch.cat([mu * inv, -0.5 * inv], dim=-1).unsqueeze(-1)  # (B, P, C, 2H, 1)
     const = -0.5 * (mu * mu * inv + log_var).sum(dim=-1, keepdim=True)  # (B, P, C, 1)
-    log_p = products.project(coef).squeeze(-1) + const  # (B, P, C, N)
-    return geometry.normalise(F.logsigmoid(logit) + log_p)
+    return geometry.normalise(products.project(coef, F.logsigmoid(logit) + const))  # log a_j + log p_j
 
 
 def route(
@@ -214,7 +315,7 @@ def route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The iterations of Procedure 1 over the votes behind `products`; see `em_routing`."""
     a_in = activations.unsqueeze(2)  # (B, P, 1, N)
-    p, c, n = products.vv.shape[1:4]
+    p, c, n = products.votes.shape[1:4]
     r = geometry.init_assignment.reshape(1, p, 1, geometry.kernel_entries, 1)
     r = r.expand(1, p, c, geometry.kernel_entries, n // geometry.kernel_entries).reshape(1, p, c, n)
     lambdas = inverse_temperatures(cfg.routing_iterations, cfg.final_inverse_temperature)
@@ -225,54 +326,120 @@ def route(
     return torch.sigmoid(logit).squeeze(-1), mu
 
 
-class FusedVoteGradient(torch.autograd.Function):
-    """EM routing whose backward writes the gradient of the votes once instead of once per use.
+def assemble_vote_gradient(products: VoteProducts, result_grads: list[torch.Tensor], grad: torch.Tensor) -> None:
+    """dL/dV written into `grad` (the shape of products.votes), from the gradients of every recorded product's result.
 
-    The routing reads vv only through linear products (M-step: w_t @ vv, E-step: vv @ coef_t), so
-    dL/dvv = Σ_t w_tᵀ (dL/dm_t) + Σ_t (dL/dlp_t) coef_tᵀ: one matmul of the stacked (N, K) and (K, 2H)
-    factors, K = 2T - 1. Plain autograd would write and add K vote-sized outer products. The forward runs
-    the ordinary routing on detached votes and keeps its small graph; the backward differentiates that
-    graph for the small inputs and for every product's result, then assembles dL/dV = G_V + 2 V ⊙ G_V².
+    The routing reads V and V² only through linear products (M-step: w_t @ [V, V²], E-step: [V, V²] @ coef_t),
+    so dL/d[V, V²] = Σ_t w_tᵀ (dL/dm_t) + Σ_t (dL/dlp_t) coef_tᵀ, one matmul of stacked (N, K) and (K, 2H)
+    factors, K = 2T - 1, and dL/dV = G_V + 2 V ⊙ G_V². Overwrites products.squares (the gradient of V²).
+    """
+    k = len(products.weights)
+    left = [w.transpose(-1, -2) for w, _ in products.weights] + [
+        g.unsqueeze(-1) for g in result_grads[k:]
+    ]  # (B, P, C, N, 1)
+    right = result_grads[:k] + [coef.transpose(-1, -2) for coef, _ in products.coefs]  # each (B, P, C, 1, 2H)
+    lhs = torch.cat(left, dim=-1).flatten(0, 2)  # (B*P*C, N, K)
+    rhs = torch.cat(right, dim=-2).flatten(0, 2)  # (B*P*C, K, 2H)
+    votes, squares = products.votes, products.squares
+    torch.bmm(lhs, rhs[..., :H], out=grad.view(lhs.shape[0], -1, H))  # G_V
+    torch.bmm(lhs, rhs[..., H:], out=squares.view(lhs.shape[0], -1, H))  # G_V², over V², no longer needed
+    grad.addcmul_(votes, squares, value=2.0)  # (B, P, C, N, H)
+
+
+class FusedEMLayer(torch.autograd.Function):
+    """A capsule layer's votes and EM routing with hand-assembled vote gradients and reused vote buffers.
+
+    Forward: V = M W as one matmul into a workspace buffer, V² beside it, then the ordinary routing (`route`)
+    on them, keeping its small graph (everything but the vote-sized tensors). Backward: differentiate that
+    graph for the small inputs and for every vote product's result, assemble dL/dV in one matmul
+    (`assemble_vote_gradient`), then push it through the vote matmul to the poses and W. No vote-sized
+    tensor is allocated after the first step, and none is written more than once per use.
+
+    The small graph runs in chunks of the batch (ROUTING_CHUNK_VOTES votes each; images route independently):
+    its (chunk, P, C, N) temporaries then stay small enough for the allocator to reuse memory instead of
+    mapping fresh pages for every one (+25% training speed for the paper preset at batch 32).
     """
 
     @staticmethod
     def forward(
         ctx: torch.autograd.function.FunctionCtx,
-        votes: torch.Tensor,
+        poses: torch.Tensor,
+        weight: torch.Tensor,
         activations: torch.Tensor,
         beta_u: torch.Tensor,
         beta_a: torch.Tensor,
+        coordinates: torch.Tensor | None,
         geometry: RoutingGeometry,
         cfg: EMCapsNetConfig,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         a_in, bu, ba = (t.detach().requires_grad_(t.requires_grad) for t in (activations, beta_u, beta_a))
         small = [a_in, bu, ba]
-        products = VoteProducts(vote_moments(votes.detach()), record=True)
+        rows, wk = child_rows(poses.detach()), kron_weight(weight.detach())
+        votes, squares = votes_into_workspace(rows, wk, poses.shape[0], coordinates)
+        chunks = []  # (products, a_out, mu) per chunk of the batch
         with torch.enable_grad():
-            a_out, mu = route(products, a_in, bu, ba, geometry, cfg)
-        ctx.graph = (small, products, a_out, mu, votes.shape)  # type: ignore[attr-defined]
-        return a_out.detach(), mu.detach()
+            for part in batch_chunks(votes.shape, ROUTING_CHUNK_VOTES):
+                products = VoteProducts(votes[part], squares[part], record=True, rows_first=True)
+                chunks.append((products, *route(products, a_in[part], bu, ba, geometry, cfg)))
+        ctx.graph = (small, votes, squares, chunks, rows, wk, poses.shape)  # type: ignore[attr-defined]
+        return torch.cat([c[1] for c in chunks]).detach(), torch.cat([c[2] for c in chunks]).detach()
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_a: torch.Tensor, grad_mu: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        small, products, a_out, mu, shape = ctx.graph  # type: ignore[attr-defined]
-        wanted = [t for t in small if t.requires_grad]
-        results = [out for _, out in products.weights] + [out for _, out in products.coefs]
-        grads = torch.autograd.grad([a_out, mu], wanted + results, [grad_a, grad_mu], allow_unused=True)
-        small_grads = iter(grads[: len(wanted)])
-        result_grads = [
-            torch.zeros_like(r) if g is None else g for r, g in zip(results, grads[len(wanted) :], strict=True)
-        ]
-        k = len(products.weights)
-        left = [w.transpose(-1, -2) for w, _ in products.weights] + result_grads[k:]  # each (B, P, C, N, 1)
-        right = result_grads[:k] + [coef.transpose(-1, -2) for coef, _ in products.coefs]  # each (B, P, C, 1, 2H)
-        g = torch.cat(left, dim=-1) @ torch.cat(right, dim=-2)  # dL/dvv: (B, P, C, N, 2H)
-        grad_votes = torch.addcmul(g[..., :H], products.vv[..., :H], g[..., H:], value=2.0)  # (B, P, C, N, H)
+        if ctx.graph is None:  # type: ignore[attr-defined]
+            raise RuntimeError("FusedEMLayer: backward through the same EM layer call twice is not supported")
+        small, votes, squares, chunks, rows, wk, shape = ctx.graph  # type: ignore[attr-defined]
         ctx.graph = None  # type: ignore[attr-defined]
+        wanted = [t for t in small if t.requires_grad]
+        results = [out for products, _, _ in chunks for _, out in products.weights + products.coefs]
+        outputs = [t for _, a_out, mu in chunks for t in (a_out, mu)]
+        sizes = [len(a_out) for _, a_out, _ in chunks]
+        out_grads = [g for pair in zip(grad_a.split(sizes), grad_mu.split(sizes), strict=True) for g in pair]
+        grads = torch.autograd.grad(outputs, wanted + results, out_grads, allow_unused=True)
+        small_grads = iter(grads[: len(wanted)])
+        result_grads = iter(
+            torch.zeros_like(r) if g is None else g for r, g in zip(results, grads[len(wanted) :], strict=True)
+        )
+        grad_votes = WORKSPACE.take(votes.shape, votes)
+        start = 0
+        for (products, _, _), size in zip(chunks, sizes, strict=True):
+            count = len(products.weights) + len(products.coefs)
+            part = [next(result_grads) for _ in range(count)]
+            assemble_vote_gradient(products, part, grad_votes[start : start + size])
+            start += size
+        WORKSPACE.give(votes, squares)
+        needed = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
+        grad_poses, grad_weight = vote_matmul_backward(grad_votes, rows, wk, shape, needed)
         out_small = [next(small_grads) if t.requires_grad else None for t in small]
-        return (grad_votes.reshape(shape), *out_small, None, None)
+        return (grad_poses, grad_weight, *out_small, None, None, None)
+
+
+def batch_chunks(shape: torch.Size, votes_per_chunk: int) -> list[slice]:
+    """Slices of the batch (the first axis of `shape`), each with at most votes_per_chunk votes (or one image)."""
+    per_image = max(1, shape[1:].numel() // H)
+    step = max(1, votes_per_chunk // per_image)
+    return [slice(s, s + step) for s in range(0, shape[0], step)]
+
+
+def vote_matmul_backward(
+    grad_votes: torch.Tensor, rows: torch.Tensor, wk: torch.Tensor, shape: torch.Size, needed: tuple[bool, ...]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """dL/dV (B, P, C, N, H) (a workspace buffer, given back here) -> dL/dposes (B, P, N, H), dL/dW (C, N, 4, 4)."""
+    b, p, c, n, _ = grad_votes.shape
+    product = WORKSPACE.take((n, b * p, c * H), grad_votes)
+    product.view(n, b * p, c, H).copy_(grad_votes.view(b * p, c, n, H).permute(2, 0, 1, 3))  # (N, B*P, C, H)
+    WORKSPACE.give(grad_votes)
+    grad_poses = grad_weight = None
+    if needed[0]:
+        grad_poses = (product @ wk.mT).view(n, b, p, H).permute(1, 2, 0, 3).reshape(shape)  # (B, P, N, H)
+    if needed[1]:
+        grad_wk = (rows.mT @ product).view(n, POSE, POSE, c, POSE, POSE)  # (N, x, y, C, x', z)
+        grad_weight = grad_wk.diagonal(dim1=1, dim2=4).sum(-1).permute(2, 0, 1, 3)  # Σ_x at x' = x: (C, N, y, z)
+    WORKSPACE.give(product)
+    return grad_poses, grad_weight
 
 
 def em_routing(
@@ -283,24 +450,57 @@ def em_routing(
     geometry: RoutingGeometry,
     cfg: EMCapsNetConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """EM routing, Hinton et al. 2018 Procedure 1, unrolled over cfg.routing_iterations.
+    """EM routing, Hinton et al. 2018 Procedure 1, unrolled over cfg.routing_iterations, on given votes.
 
     Args:
-        votes: V_ij (B, P_out, C_out, N, 4, 4), N = KK * B_in children per parent position.
+        votes: V_ij (B, P_out, C_out, N, H), N = KK * B_in children per parent position.
         activations: child activations a_i gathered per window, (B, P_out, N).
         beta_u, beta_a: per parent type (C_out,).
 
     Returns:
         parent activations a_j (B, P_out, C_out) and poses μ_j (B, P_out, C_out, H).
-
-    When the votes need a gradient in eager mode, the routing runs inside `FusedVoteGradient`; when
-    exporting, tracing or compiling, as plain tensor code (the same operations, differentiated by autograd).
     """
-    plain = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
-    if votes.requires_grad and torch.is_grad_enabled() and not plain:
-        a_out, mu = FusedVoteGradient.apply(votes, activations, beta_u, beta_a, geometry, cfg)
+    return route(VoteProducts(votes, votes * votes), activations, beta_u, beta_a, geometry, cfg)
+
+
+def em_layer(
+    poses: torch.Tensor,
+    weight: torch.Tensor,
+    activations: torch.Tensor,
+    beta_u: torch.Tensor,
+    beta_a: torch.Tensor,
+    coordinates: torch.Tensor | None,
+    geometry: RoutingGeometry,
+    cfg: EMCapsNetConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Votes V_ij = M_i W_ij (+ coordinates) and EM routing over them: a capsule layer after its gather.
+
+    Args:
+        poses: child poses per window (B, P_out, N, H); weight: W (C_out, N, 4, 4).
+        activations: child activations per window (B, P_out, N); beta_u, beta_a: (C_out,).
+        coordinates: (N, H) added to every vote (Coordinate Addition), or None.
+
+    Returns:
+        parent activations a_j (B, P_out, C_out) and poses μ_j (B, P_out, C_out, H).
+
+    Eager training runs `FusedEMLayer`; eager inference the same vote buffers in chunks of the batch (the
+    routing of each image is independent), so memory stays bounded at any batch size; export, tracing
+    and compiling run plain tensor code (`votes_plain`, `em_routing`), the same operations.
+    """
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():
+        return em_routing(votes_plain(poses, weight, coordinates), activations, beta_u, beta_a, geometry, cfg)
+    inputs = (poses, weight, activations, beta_u, beta_a)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        a_out, mu = FusedEMLayer.apply(*inputs, coordinates, geometry, cfg)
         return a_out, mu
-    return route(VoteProducts(vote_moments(votes)), activations, beta_u, beta_a, geometry, cfg)
+    b, p, n, _ = poses.shape
+    wk, outputs = kron_weight(weight), []
+    for part in batch_chunks(torch.Size((b, p, weight.shape[0], n, H)), INFERENCE_CHUNK_VOTES):
+        votes, squares = votes_into_workspace(child_rows(poses[part]), wk, len(poses[part]), coordinates)
+        products = VoteProducts(votes, squares, rows_first=True)
+        outputs.append(route(products, activations[part], beta_u, beta_a, geometry, cfg))
+        WORKSPACE.give(votes, squares)
+    return torch.cat([a for a, _ in outputs]), torch.cat([mu for _, mu in outputs])
 
 
 class PrimaryCaps(nn.Module):
@@ -320,20 +520,6 @@ class PrimaryCaps(nn.Module):
         return pose, act
 
 
-def transform(m: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Votes V_ij = M_i W_ij for every child entry and parent type, as one batched matmul per entry.
-
-    m: child poses per window (B, P, E, B_in, H); weight: W (C, E, B_in, 4, 4). Returns (B, P, C, E*B_in, 4, 4),
-    a strided view of the matmul's output (no copy here; `vote_moments` makes the one copy).
-    """
-    b, p, e, i, _ = m.shape
-    c, n = weight.shape[0], e * i
-    rows = m.reshape(b * p, n, POSE, POSE).transpose(0, 1).reshape(n, b * p * POSE, POSE)  # (N, B*P*4, 4)
-    w = weight.reshape(c, n, POSE, POSE).permute(1, 2, 0, 3).reshape(n, POSE, c * POSE)  # (N, 4, C*4)
-    v = (rows @ w).reshape(n, b, p, POSE, c, POSE)  # (N, B, P, 4, C, 4)
-    return v.permute(1, 2, 4, 0, 3, 5)  # (B, P, C, N, 4, 4)
-
-
 class ConvCaps(nn.Module):
     """Convolutional capsules: a transformation matrix per (kernel position, child type, parent type)."""
 
@@ -350,9 +536,10 @@ class ConvCaps(nn.Module):
 
     def forward(self, pose: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P_in, B_in, H), (B, P_in, B_in) -> poses (B, P_out, C_out, H), activations (B, P_out, C_out)."""
-        votes = transform(self.geometry.gather(pose), self.weight)  # (B, P_out, C_out, KK*B_in, 4, 4)
+        m = self.geometry.gather(pose).flatten(2, 3)  # (B, P_out, KK*B_in, H)
         a = self.geometry.gather(act).flatten(2)  # (B, P_out, KK*B_in)
-        a_out, mu = em_routing(votes, a, self.beta_u, self.beta_a, self.geometry, self.cfg)
+        weight = self.weight.flatten(1, 2)  # (C_out, KK*B_in, 4, 4)
+        a_out, mu = em_layer(m, weight, a, self.beta_u, self.beta_a, None, self.geometry, self.cfg)
         return mu, a_out
 
 
@@ -385,14 +572,15 @@ class ClassCaps(nn.Module):
         if cfg.coordinate_addition:
             coords[..., 0, POSE - 1] = centre.view(g, 1, 1)
             coords[..., 1, POSE - 1] = centre.view(1, g, 1)
-        self.register_buffer("coordinates", coords.reshape(1, 1, 1, g * g * d, POSE, POSE), persistent=False)
+        self.register_buffer("coordinates", coords.reshape(g * g * d, H), persistent=False)
 
     def forward(self, pose: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P_in, D, H), (B, P_in, D) -> class poses (B, K, H) and activations (B, K)."""
         b, p, d, _ = pose.shape
-        weight = self.weight.expand(-1, p, -1, -1, -1)  # shared over positions: (K, P_in, D, 4, 4)
-        v = transform(pose.unsqueeze(1), weight) + self.coordinates  # (B, 1, K, P_in*D, 4, 4)
-        a_out, mu = em_routing(v, act.reshape(b, 1, p * d), self.beta_u, self.beta_a, self.geometry, self.cfg)
+        weight = self.weight.expand(-1, p, -1, -1, -1).flatten(1, 2)  # shared over positions: (K, P_in*D, 4, 4)
+        m, a = pose.reshape(b, 1, p * d, H), act.reshape(b, 1, p * d)  # one window over every child
+        coords = self.coordinates if self.cfg.coordinate_addition else None
+        a_out, mu = em_layer(m, weight, a, self.beta_u, self.beta_a, coords, self.geometry, self.cfg)
         return mu[:, 0], a_out[:, 0]
 
 
