@@ -117,7 +117,7 @@ class EMCapsNetConfig:
     caps2_kernel: int = 3
     caps2_stride: int = 1
     num_classes: int = 10
-    routing_iterations: int = 3
+    routing_iterations: int = 2  # the paper's 3 learns far more slowly (docs/em-routing.md, "Training")
     coordinate_addition: bool = True
     final_inverse_temperature: float = 3.0  # λ of the last routing iteration (see docs/em-routing.md)
     beta_u_init: float = 2.0  # ≈ -mean log σ at initialisation, so routed capsules start about half active

@@ -207,10 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--routing", default=None, choices=["sabour", "normalized"], help="dynamic-routing variant (default: sabour)"
     )
-    p.add_argument("--routing-iterations", type=int, default=None, help="routing iterations (default: 3)")
+    p.add_argument(
+        "--routing-iterations",
+        type=int,
+        default=None,
+        help="routing iterations (default: 3 for --arch dynamic, 2 for --arch em)",
+    )
     p.add_argument("--epochs", type=int, default=30, help="total epochs to train to, at least 1 (default: 30)")
     p.add_argument("--batch-size", type=int, default=128, help="batch size per process (default: 128)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 0.001)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="Adam learning rate (default: the architecture's, 0.01 for --arch em and 0.001 for the others)",
+    )
     p.add_argument(
         "--lr-decay", type=float, default=0.96, help="exponential learning-rate decay per epoch (default: 0.96)"
     )
@@ -272,10 +282,17 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--epochs must be at least 1, got {args.epochs}")
     if args.batch_size < 1:
         parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.lr is not None and not args.lr > 0:
+        parser.error(f"--lr must be positive, got {args.lr}")
     if args.max_minutes is not None and not args.max_minutes > 0:
         parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
     if not args.checkpoint_minutes >= 0:
         parser.error(f"--checkpoint-minutes must be 0 or more, got {args.checkpoint_minutes}")
+
+
+def learning_rate(args: argparse.Namespace) -> float:
+    """--lr, else the default of the chosen architecture."""
+    return float(args.lr) if args.lr is not None else get_architecture(args.arch).default_lr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = TrainConfig(
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
-        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, lr_decay=args.lr_decay, max_shift=args.max_shift,
-        canvas=args.canvas,
+        epochs=args.epochs, batch_size=args.batch_size, lr=learning_rate(args), lr_decay=args.lr_decay,
+        max_shift=args.max_shift, canvas=args.canvas,
         seed=args.seed, device=args.device, amp=args.amp, val_split=args.val_split, train_subset=args.train_subset,
         test_subset=args.test_subset, dry_run=args.dry_run,
     )  # fmt: skip

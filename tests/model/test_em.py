@@ -62,8 +62,16 @@ def test_small_preset_is_the_papers_smaller_network() -> None:
         get_architecture("dynamic").make_config("small", {})
 
 
+def test_training_recipe_defaults() -> None:
+    """Two routing iterations and Adam at 0.01: the setting under which the small preset learns MNIST in one epoch."""
+    assert EMCapsNetConfig().routing_iterations == EMCapsNetConfig.small().routing_iterations == 2
+    assert EMCapsNetConfig.small(routing_iterations=3).routing_iterations == 3  # the paper's count stays available
+    assert get_architecture("em").default_lr == 0.01
+    assert get_architecture("dynamic").default_lr == get_architecture("baseline").default_lr == 0.001
+
+
 def test_config_round_trips_and_validates() -> None:
-    cfg = EMCapsNetConfig.tiny(routing_iterations=2)
+    cfg = EMCapsNetConfig.tiny(routing_iterations=3)
     assert EMCapsNetConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="routing_iterations"):
         EMCapsNetConfig(routing_iterations=0)
@@ -280,8 +288,8 @@ def test_loss_falls_on_a_small_synthetic_subset(synthetic_mnist: Path) -> None:
     split = load_split(synthetic_mnist, "train").subset(32)
     images, labels = torch.from_numpy(to_float(split.images)), torch.from_numpy(split.labels)
     arch = get_architecture("em")
-    net = tiny_net().train()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    net = tiny_net().train()  # the default routing iterations and learning rate: the training recipe
+    opt = torch.optim.Adam(net.parameters(), lr=arch.default_lr)
     losses = []
     for _ in range(20):
         loss = arch.loss(arch.forward(net, images, labels), images, labels, 1.0).total

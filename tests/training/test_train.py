@@ -235,8 +235,27 @@ def test_cli_dry_run_on_synthetic_data_writes_nothing(
 
 
 @pytest.mark.parametrize(
+    ("argv", "lr"),
+    [
+        (["--arch", "em"], 0.01),  # EM routing's own default (docs/em-routing.md, "Training")
+        (["--arch", "dynamic"], 0.001),
+        (["--arch", "baseline"], 0.001),
+        (["--arch", "em", "--lr", "0.003"], 0.003),
+    ],
+)
+def test_cli_learning_rate_defaults_to_the_architectures(
+    argv: list[str], lr: float, synthetic_mnist: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = train.main(["--data-dir", str(synthetic_mnist), "--preset", "tiny", "--dry-run", *argv])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["lr"] == lr
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--lr", "0"], "--lr must be positive, got 0.0"),
+        (["--lr", "-0.01"], "--lr must be positive, got -0.01"),
         (["--epochs", "0"], "--epochs must be at least 1, got 0"),
         (["--epochs", "-3"], "--epochs must be at least 1, got -3"),
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
