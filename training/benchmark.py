@@ -107,12 +107,15 @@ def train_vs_ort(train_rate: float, cfg: TrainConfig, seconds: float) -> dict[st
     }
 
 
-def em_vs_dynamic(preset: str, device: torch.device, steps: int, seconds: float) -> dict[str, Any]:
+def em_vs_dynamic(
+    preset: str, device: torch.device, steps: int, seconds: float, iterations: int | None = None
+) -> dict[str, Any]:
     """EM against the paper's dynamic CapsNet in one run: training at batch 32, ONNX Runtime at batches 1..64.
 
-    The dynamic model is the paper's (its tiny preset when `preset` is tiny, for smoke tests).
+    The dynamic model is the paper's (its tiny preset when `preset` is tiny, for smoke tests); `iterations`
+    sets EM's routing iterations (None: the trained default, 2; the paper routes 3 times).
     """
-    em = TrainConfig(arch="em", preset=preset, batch_size=32)
+    em = TrainConfig(arch="em", preset=preset, batch_size=32, routing_iterations=iterations)
     dynamic = TrainConfig(arch="dynamic", preset="tiny" if preset == "tiny" else "paper", batch_size=32)
     train = {"em": time_training(em, device, steps), "dynamic": time_training(dynamic, device, steps)}
     em_ort, dyn_ort = time_onnx(em, ORT_BATCHES, seconds), time_onnx(dynamic, (32,), seconds)
@@ -137,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--routing", default=None, choices=["sabour", "normalized"], help="routing variant (default: sabour)"
     )
+    p.add_argument(
+        "--routing-iterations",
+        type=int,
+        default=None,
+        help="routing iterations (default: the architecture's, 3 for dynamic, 2 for em)",
+    )
     p.add_argument("--batch-size", type=int, default=128, help="training batch size (default: 128)")
     p.add_argument("--train-steps", type=int, default=5, help="timed training steps (default: 5)")
     p.add_argument(
@@ -146,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = resolve_device(args.device)
     cfg = TrainConfig(
-        arch=args.arch, preset=args.preset, routing=args.routing, batch_size=args.batch_size, amp=args.amp
+        arch=args.arch,
+        preset=args.preset,
+        routing=args.routing,
+        routing_iterations=args.routing_iterations,
+        batch_size=args.batch_size,
+        amp=args.amp,
     )
     torch.manual_seed(0)
     train_rate = time_training(cfg, device, args.train_steps)
@@ -155,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "arch": args.arch,
         "preset": args.preset,
         "routing": args.routing or "default",
+        "routing_iterations": model_config_for(cfg).get("routing_iterations"),
         f"train_images_per_s_batch{args.batch_size}": round(train_rate, 1),
         "infer_images_per_s_batch1": round(time_inference(cfg, device, 1, args.seconds), 1),
         "infer_images_per_s_batch128": round(time_inference(cfg, device, 128, args.seconds), 1),
@@ -162,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     if get_architecture(args.arch).export is not None:
         result |= train_vs_ort(train_rate, cfg, args.seconds)
     if args.arch == "em":
-        result["em_vs_dynamic"] = em_vs_dynamic(args.preset, device, args.train_steps, args.seconds)
+        result["em_vs_dynamic"] = em_vs_dynamic(
+            args.preset, device, args.train_steps, args.seconds, args.routing_iterations
+        )
     print(json.dumps(result, indent=2))
     return 0
 

@@ -23,8 +23,10 @@ def test_benchmark_prints_machine_and_rates(capsys: pytest.CaptureFixture[str]) 
 
 def test_em_benchmark_prints_the_comparison_with_the_dynamic_model(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--arch", "em", "--preset", "tiny", "--device", "cpu", "--batch-size", "2", "--train-steps", "1"]
-    assert benchmark.main([*args, "--seconds", "0.02"]) == 0
-    cmp = json.loads(capsys.readouterr().out)["em_vs_dynamic"]
+    assert benchmark.main([*args, "--seconds", "0.02", "--routing-iterations", "3"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["routing_iterations"] == 3  # the paper's count, not the trained default (2)
+    cmp = result["em_vs_dynamic"]
     assert set(cmp["train_images_per_s_batch32"]) == {"em", "dynamic"}
     assert list(cmp["onnx_images_per_s_em"]) == [str(b) for b in benchmark.ORT_BATCHES]
     assert all(v > 0 for v in cmp["onnx_images_per_s_em"].values())
