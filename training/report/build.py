@@ -26,6 +26,7 @@ from training.report.common import (
     Sizes,
     Unfinished,
     git_commit,
+    is_partial,
     load_result,
     now_utc,
     save_result,
@@ -85,10 +86,12 @@ def build_report(ctx: Context, selected: set[str], reuse: bool) -> Path:
                 reason = f"In progress. {e}"
                 ctx.unfinished.append(key)
                 saved = load_result(ctx, key)  # an earlier complete result, if any, stays shown
-                if saved is not None:
+                if saved is not None and not is_partial(saved):
                     parts.append(BY_KEY[key].render(ctx, saved, None).rstrip())
                     parts += ["", f"> **{reason}** The figures above are from the earlier complete run.", ""]
                     continue
+                if e.partial is not None:  # the epochs done so far, rendered as partial
+                    saved = save_result(ctx, key, *e.partial, busy=busy)
         elif action == "reuse":
             saved = load_result(ctx, key)
         else:
@@ -116,6 +119,17 @@ def find_data_dir(given: str | None, reading: list[str]) -> str | None:
     return None
 
 
+def channels(text: str) -> tuple[int, ...]:
+    """`--affine-cnn-channels`: three positive integers separated by commas."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected three positive channel counts like 64,64,32, got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training.report", description=(training.report.__doc__ or "").splitlines()[0]
@@ -141,6 +155,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="sections to run; the others are rendered from saved results (default: all)",
     )
     p.add_argument("--epochs", type=int, default=None, help="epochs of every trained model (default: 30; tiny: 1)")
+    p.add_argument(
+        "--epoch-images",
+        type=int,
+        default=None,
+        metavar="N",
+        help="an epoch of every trained model is N training images (consecutive pieces of one stream of seeded "
+        "shuffles; MultiMNIST: N composites), the learning rate decaying 0.96 per 60,000 (default: the whole set)",
+    )
+    p.add_argument(
+        "--test-images",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate trained models on the first N test digits (affine: their transformed twins too; "
+        "MultiMNIST: composites of them) (default: all 10,000)",
+    )
+    p.add_argument(
+        "--eval-batch-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="images per evaluation batch of trained models (bounds memory) (default: 500)",
+    )
+    p.add_argument(
+        "--affine-cnn-channels",
+        type=channels,
+        default=None,
+        metavar="C1,C2,C3",
+        help="the affine section's CNN: the paper baseline with these conv channels (default: 256,256,128)",
+    )
+    p.add_argument(
+        "--capsnet-curve",
+        default=str(REPO_ROOT / "docs" / "training" / "capsnet-mnist" / "metrics.jsonl"),
+        help="a capsnet-train metrics.jsonl drawn beside the baseline CNN's curve "
+        "(default: docs/training/capsnet-mnist/metrics.jsonl, the bundled model's run)",
+    )
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="training device (default: auto)")
     p.add_argument(
         "--amp",
@@ -175,8 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     selected = set(SECTIONS) if "all" in args.sections else set(args.sections) - {"none"}
     sizes = Sizes.tiny() if args.tiny else Sizes()
+    for name in ("epochs", "epoch_images", "test_images", "eval_batch_size"):
+        if (value := getattr(args, name)) is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.epochs is not None:
         sizes = replace(sizes, epochs=args.epochs)
+    if args.epoch_images is not None:
+        sizes = replace(sizes, epoch_images=args.epoch_images)
+    if args.eval_batch_size is not None:
+        sizes = replace(sizes, eval_batch_size=args.eval_batch_size)
+    if args.test_images is not None:
+        sizes = replace(sizes, test_subset=args.test_images)
+    if args.affine_cnn_channels is not None:
+        sizes = replace(sizes, affine_cnn_channels=args.affine_cnn_channels)
     try:
         device = resolve_device(args.device)
     except ValueError as e:
@@ -188,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             out=Path(args.out), data_dir=None, zoo=Path(args.zoo), model=Path(args.model) if args.model else None,
             sizes=sizes, tiny=args.tiny, device=device, seed=args.seed, command=command,
             scratch=Path(scratch), runs=Path(args.runs) if args.runs else None, amp=args.amp, deadline=deadline,
+            capsnet_curve=Path(args.capsnet_curve),
         )  # fmt: skip
         actions = plan(ctx, selected, args.reuse)
         try:
