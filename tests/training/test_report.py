@@ -117,11 +117,12 @@ def test_pick_examples_prefers_correct_ones() -> None:
 
 def test_match_accuracy_compares_at_the_highest_accuracy_both_reach() -> None:
     def rows(accs: list[float]) -> list[dict[str, Any]]:
-        return [{"epoch": i + 1, "mnist_accuracy": a, "affine_accuracy": a / 2} for i, a in enumerate(accs)]
+        return [{"epoch": i + 1, "test_error": 1 - a, "affine_error": 1 - a / 2} for i, a in enumerate(accs)]
 
     matched = affine.match_accuracy({"dynamic": rows([0.9, 0.97, 0.99]), "baseline": rows([0.95, 0.98, 0.96])})
-    assert matched["target_mnist_accuracy"] == 0.98
+    assert matched is not None and matched["target_mnist_accuracy"] == pytest.approx(0.98)
     assert matched["picks"]["dynamic"]["epoch"] == 3 and matched["picks"]["baseline"]["epoch"] == 2
+    assert affine.match_accuracy({"dynamic": [], "baseline": rows([0.95])}) is None  # CapsNet has no epoch yet
 
 
 def test_time_calls_and_matmul_graph() -> None:
@@ -294,7 +295,7 @@ def test_service_section_renders_the_load_benchmarks_json(tmp_path: Path) -> Non
 
 TRAINING_SECTIONS = {
     "baseline": (baseline.run_baseline, ["baseline-mnist"]),
-    "affine": (affine.run_affine, ["affine-dynamic", "affine-baseline"]),
+    "affine": (affine.run_affine, ["affine-baseline", "affine-dynamic"]),
     "multimnist": (multimnist_section.run_multimnist, ["multimnist"]),
 }
 
@@ -323,6 +324,10 @@ def test_training_sections_stop_at_the_budget_and_continue(
         except common.Unfinished as e:
             assert ("of 2 epochs" in str(e) or "not continued" in str(e)) and "Run the same command again" in str(e)
             assert (tmp_path / "runs" / names[0] / "last.pt").is_file()
+            assert e.partial is not None  # the epochs so far, to render as partial
+            partial = e.partial[0]
+            done = [partial["progress"]] if "progress" in partial else [m["progress"] for m in partial["models"].values()]
+            assert not all(p["finished"] for p in done) and {p["epochs_planned"] for p in done} == {2}
     # One epoch per call and none of a second model after the first's: nothing was trained twice.
     assert calls == 2 * len(names)
     histories = {

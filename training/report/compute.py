@@ -24,11 +24,14 @@ def lr_decay_per_epoch(epoch_images: int | None, train_images: int, per_pass: fl
 
 
 def count_flops(step: Callable[[], Any]) -> int:
-    """Floating-point operations of `step()` (convolutions and matrix products), counted by torch."""
+    """Floating-point operations of `step()` (convolutions and matrix products), counted by torch.
+
+    The global random state is left as it was, so counting never changes a training run that goes on after it.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    with counter:
+    with torch.random.fork_rng(devices=[]), counter:
         step()
     return int(counter.get_total_flops())
 
@@ -36,12 +39,14 @@ def count_flops(step: Callable[[], Any]) -> int:
 def model_costs(arch_name: str, model_config: dict[str, Any], shape: tuple[int, int, int]) -> dict[str, int]:
     """FLOPs per image of a training step (forward, the architecture's loss, backward) and of inference.
 
-    Counted on a freshly built model with a batch of two random images (`shape` is one image, (C, H, W)).
+    Counted on a freshly built model with a batch of two random images (`shape` is one image, (C, H, W)); the
+    global random state is left as it was.
     """
     arch = get_architecture(arch_name)
-    torch.manual_seed(0)
-    model = arch.build(model_config)
-    images, labels = torch.rand(2, *shape), torch.tensor([0, 1])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = arch.build(model_config)
+        images, labels = torch.rand(2, *shape), torch.tensor([0, 1])
 
     def train_step() -> None:
         model.train()

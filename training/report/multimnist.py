@@ -76,10 +76,11 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
 
 def multimnist_costs(model_config: dict[str, Any]) -> dict[str, int]:
     """FLOPs per composite of a training step (two-label margin loss, one reconstruction per digit) and inference."""
-    torch.manual_seed(0)
-    model = CapsNet(CapsNetConfig.from_dict(model_config))
-    size = model.cfg.image_size
-    images, digits = torch.rand(2, 1, size, size), torch.rand(2, 2, 1, size, size)
+    with torch.random.fork_rng(devices=[]):  # the training that goes on after this is not disturbed
+        torch.manual_seed(0)
+        model = CapsNet(CapsNetConfig.from_dict(model_config))
+        size = model.cfg.image_size
+        images, digits = torch.rand(2, 1, size, size), torch.rand(2, 2, 1, size, size)
     labels = torch.tensor([[0, 1], [2, 3]])
 
     def train_step() -> None:
