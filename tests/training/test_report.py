@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from model.baseline import BaselineConfig
 from model.capsnet import CapsNet
 from model.config import CapsNetConfig
 from model.losses import margin_loss, margin_loss_multi
 from service.runtime.model_dir import create_session
 from training import loop
+from training import multimnist as multimnist_module
 from training.checkpoint import save_checkpoint
 from training.data import load_split
 from training.device import resolve_device
@@ -29,7 +31,7 @@ from training.multimnist import (
     reconstruction_examples,
     top2,
 )
-from training.report import affine, baseline, build, common, models, perturbation, service_load, speed
+from training.report import affine, baseline, build, common, compute, models, perturbation, service_load, speed
 from training.report import multimnist as multimnist_section
 from training.report.common import Context, Sizes
 
@@ -326,7 +328,8 @@ def test_training_sections_stop_at_the_budget_and_continue(
             assert (tmp_path / "runs" / names[0] / "last.pt").is_file()
             assert e.partial is not None  # the epochs so far, to render as partial
             partial = e.partial[0]
-            done = [partial["progress"]] if "progress" in partial else [m["progress"] for m in partial["models"].values()]
+            models = partial["models"].values() if "models" in partial else [partial]
+            done = [m["progress"] for m in models]
             assert not all(p["finished"] for p in done) and {p["epochs_planned"] for p in done} == {2}
     # One epoch per call and none of a second model after the first's: nothing was trained twice.
     assert calls == 2 * len(names)
@@ -387,3 +390,135 @@ def test_resuming_refuses_a_checkpoint_with_more_epochs_than_asked(synthetic_mni
     ctx.sizes = Sizes.tiny()
     with pytest.raises(common.NotMeasured, match="has 2 epochs, more than the 1 asked for"):
         baseline.run_baseline(ctx)
+
+
+# --- CPU scale: short epochs, evaluation subsets, partial results --------------------------------------------
+
+
+def test_short_epochs_keep_the_per_pass_learning_rate_decay() -> None:
+    assert compute.lr_decay_per_epoch(None, 60_000) == 0.96
+    assert compute.lr_decay_per_epoch(5_000, 60_000) ** 12 == pytest.approx(0.96)
+    assert compute.lr_decay_per_epoch(90_000, 60_000) == 0.96  # an epoch never decays more than a pass
+
+
+def test_model_costs_count_a_training_step_and_leave_the_random_state_alone() -> None:
+    state = torch.get_rng_state()
+    costs = compute.model_costs("baseline", BaselineConfig.tiny().to_dict(), (1, 28, 28))
+    assert torch.equal(torch.get_rng_state(), state)
+    # conv 1->8->8->4 (5x5, 28x28, 'same') and FC 3136->16->8->10: 2 x multiply-adds per image
+    macs = 28 * 28 * 25 * (1 * 8 + 8 * 8 + 8 * 4) + 3136 * 16 + 16 * 8 + 8 * 10
+    assert costs["inference_flops_per_image"] == 2 * macs
+    assert 2 * macs < costs["train_flops_per_image"] <= 3 * 2 * macs  # backward: at most twice the forward
+
+
+def test_multimnist_draws_composites_per_epoch_from_a_fresh_sample_of_digits(synthetic_mnist: Path) -> None:
+    train, test = load_split(synthetic_mnist, "train"), load_split(synthetic_mnist, "test")
+    cfg = multimnist_module.MultiMNISTConfig(preset="tiny", batch_size=8, composites_per_epoch=20)
+    task = multimnist_module.MultiMNISTTask(cfg, train, test, torch.device("cpu"))
+    batches = task.batches(0)
+    assert sum(len(b) for b in batches) == 20 and task.data is not None
+    first = {tuple(map(tuple, task.data.digits[:, 0, 0].reshape(20, -1)[:, :8]))}
+    task.batches(1)
+    assert task.data.labels.shape == (20, 2) and (task.data.labels[:, 0] != task.data.labels[:, 1]).all()
+    assert first != {tuple(map(tuple, task.data.digits[:, 0, 0].reshape(20, -1)[:, :8]))}  # drawn afresh
+    loop_cfg = multimnist_module.train_config(cfg, torch.device("cpu"))
+    assert loop_cfg.epoch_images == 20  # recorded in checkpoints: a run refuses to continue with another size
+
+
+def test_resuming_refuses_other_epoch_sizes(synthetic_mnist: Path, tmp_path: Path) -> None:
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.runs, ctx.sizes = tmp_path / "runs", replace(Sizes.tiny(), epoch_images=32)
+    multimnist_section.run_multimnist(ctx)
+    ctx.sizes = replace(ctx.sizes, epoch_images=16)
+    with pytest.raises(common.NotMeasured, match=r"other settings \(epoch_images, lr_decay\); remove it"):
+        multimnist_section.run_multimnist(ctx)
+
+
+def test_a_section_stopped_by_the_budget_is_saved_and_rendered_as_partial(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One epoch per call: the section shows the epochs done, says it is unfinished and how to continue."""
+    for module in (common, loop):
+        monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
+    out = tmp_path / "docs"
+    argv = [
+        "--tiny", "--data-dir", str(synthetic_mnist), "--out", str(out), "--device", "cpu", "--runs",
+        str(tmp_path / "runs"), "--sections", "baseline", "--epochs", "2", "--epoch-images", "32", "--test-images",
+        "16", "--max-minutes", "60",
+    ]  # fmt: skip
+    assert build.main(argv) == build.EXIT_UNFINISHED
+    assert "unfinished: baseline" in capsys.readouterr().err
+    saved = json.loads((out / "report" / "baseline.json").read_text())
+    assert saved["result"]["progress"] | {"train_hours": 0} == {
+        "epochs_done": 1, "epochs_planned": 2, "images_per_epoch": 32, "images_done": 32, "images_planned": 64,
+        "train_hours": 0, "finished": False,
+    }  # fmt: skip
+    assert "final" not in saved["result"]  # no confusion matrix of a model still training
+    text = (out / "REPORT.md").read_text()
+    assert "Baseline CNN: **unfinished**, 1 of 2 epochs of 32 images (32 of 64 training images)" in text
+    assert "**Partial result.**" in text and f"`{saved['command']}` continues every unfinished model" in text
+    assert "evaluated after every epoch on the first 16 test digits" in text
+    assert "report/figures/baseline_curve.png" in text and "confusion_baseline.png" not in text
+    assert build.main(argv) == 0
+    text = (out / "REPORT.md").read_text()
+    assert "Baseline CNN: finished, 2 of 2 epochs" in text and "Partial result" not in text
+    assert "report/figures/confusion_baseline.png" in text
+
+
+def test_the_affine_section_trains_the_cnn_first_and_waits_for_capsnet(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (common, loop):
+        monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.sizes = replace(Sizes.tiny(), affine_cnn_channels=(4, 4, 2), test_subset=16)
+    ctx.runs, ctx.deadline = tmp_path / "runs", time.monotonic() + 3600
+    with pytest.raises(common.Unfinished) as stopped:
+        affine.run_affine(ctx)
+    assert stopped.value.partial is not None
+    result, arrays = stopped.value.partial
+    assert result["models"]["baseline"]["model_config"]["conv_channels"] == [4, 4, 2]
+    assert result["histories"]["dynamic"] == [] and result["matched"] is None
+    row = result["histories"]["baseline"][0]
+    assert row["test_n"] == row["affine_n"] == 16 and 0 <= row["affine_error"] <= 1
+    saved = common.save_result(ctx, "affine", result, arrays)
+    text = affine.render_affine(ctx, saved, None)
+    assert "No comparison yet: CapsNet has no epoch trained." in text and "**Partial result.**" in text
+    assert "Baseline CNN (conv channels 4, 4, 2)" in text
+
+
+def test_baseline_curve_is_compared_with_capsnet_at_the_same_training_compute() -> None:
+    capsnet = baseline.cumulative([{"epoch": e, "test_error": 0.01 / e} for e in (1, 2, 3)], 1000, 10**9)
+    assert [p["pflop"] for p in capsnet] == [0.001, 0.002, 0.003]
+    assert baseline.at_compute(capsnet, 0.0015) == capsnet[1] and baseline.at_compute(capsnet, 0.004) is None
+
+
+def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: Path, tmp_path: Path) -> None:
+    rows = [{"epoch": e, "test_error": 0.02 / e, "test_n": 10000, "val_n": 16, "seconds": 1.0} for e in (1, 2)]
+    curve = tmp_path / "metrics.jsonl"
+    curve.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.capsnet_curve = curve
+    result, _ = baseline.run_baseline(ctx)
+    ref = result["capsnet"]
+    assert ref["images_per_epoch"] == len(load_split(synthetic_mnist, "train")) - 16  # less the held-out images
+    assert [r["test_error"] for r in ref["history"]] == [0.02, 0.01] and ref["train_flops_per_image"] > 0
+    text = baseline.render_baseline(ctx, common.save_result(ctx, "baseline", result, {}), None)
+    assert "CapsNet, last epoch (epoch 2)" in text and "CapsNet's curve is the bundled model's training run" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--epoch-images", "0"], "--epoch-images must be at least 1, got 0"),
+        (["--test-images", "-1"], "--test-images must be at least 1, got -1"),
+        (["--affine-cnn-channels", "64,64"], "expected three positive channel counts like 64,64,32, got '64,64'"),
+    ],
+)
+def test_report_cli_refuses_sizes_no_run_can_use(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        build.main(["--tiny", "--out", str(tmp_path / "docs"), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "docs").exists()
