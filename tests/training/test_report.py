@@ -31,7 +31,18 @@ from training.multimnist import (
     reconstruction_examples,
     top2,
 )
-from training.report import affine, baseline, build, common, compute, models, perturbation, service_load, speed
+from training.report import (
+    affine,
+    baseline,
+    build,
+    common,
+    compute,
+    mnist_models,
+    models,
+    perturbation,
+    service_load,
+    speed,
+)
 from training.report import multimnist as multimnist_section
 from training.report.common import Context, Sizes
 
@@ -522,3 +533,16 @@ def test_report_cli_refuses_sizes_no_run_can_use(
         build.main(["--tiny", "--out", str(tmp_path / "docs"), *argv])
     assert e.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
     assert not (tmp_path / "docs").exists()
+
+
+def test_mnist_table_says_what_the_em_row_is_missing_until_an_em_model_is_bundled(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    dynamic = {"name": "capsnet-mnist", "architecture": "dynamic", "routing": {"algorithm": "dynamic"}}
+    saved = common.save_result(ctx, "mnist_models", {"zoo": "model/zoo", "models": [dynamic]}, {})
+    text = mnist_models.render_mnist_models(ctx, saved, None)
+    assert "| EM routing (Hinton et al. 2018) | em, 3 iterations | no | not yet measured |" in text
+    assert "What is missing is a trained EM-routing model directory in `model/zoo`" in text
+    assert "capsnet-export runs/capsnet-em-small/best_val.pt --out model/zoo/capsnet-em-small" in text
+    em = {"name": "capsnet-em-small", "architecture": "em", "routing": {"algorithm": "em", "iterations": 3}}
+    saved = common.save_result(ctx, "mnist_models", {"zoo": "model/zoo", "models": [dynamic, em]}, {})
+    assert "EM routing: not yet measured" not in mnist_models.render_mnist_models(ctx, saved, None)
