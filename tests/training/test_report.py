@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from model.baseline import BaselineConfig
-from model.capsnet import CapsNet
+from model.capsnet import CapsNet, count_parameters
 from model.config import CapsNetConfig
 from model.losses import margin_loss, margin_loss_multi
 from service.runtime.model_dir import create_session
@@ -37,6 +37,7 @@ from training.report import (
     build,
     common,
     compute,
+    costs,
     mnist_models,
     models,
     perturbation,
@@ -546,3 +547,17 @@ def test_mnist_table_says_what_the_em_row_is_missing_until_an_em_model_is_bundle
     em = {"name": "capsnet-em-small", "architecture": "em", "routing": {"algorithm": "em", "iterations": 3}}
     saved = common.save_result(ctx, "mnist_models", {"zoo": "model/zoo", "models": [dynamic, em]}, {})
     assert "EM routing: not yet measured" not in mnist_models.render_mnist_models(ctx, saved, None)
+
+
+@pytest.mark.parametrize("multimnist", [False, True])
+def test_costs_counts_what_the_report_trains(multimnist: bool) -> None:
+    exp = costs.Experiment("t", "dynamic", 36 if multimnist else 28, {}, multimnist=multimnist, preset="tiny")
+    row = costs.measure(exp, batch=2, seconds=0.01, amp=False)
+    size = (1, exp.canvas, exp.canvas)
+    counted = compute.model_costs("dynamic", CapsNetConfig.tiny(image_size=exp.canvas).to_dict(), size)
+    if multimnist:  # a second reconstruction per image
+        assert row["train_flops_per_image"] > counted["train_flops_per_image"]
+    else:
+        assert row["train_flops_per_image"] == counted["train_flops_per_image"]
+    assert row["images_per_s"] > 0
+    assert row["parameters"] == count_parameters(CapsNet(CapsNetConfig.tiny(image_size=exp.canvas)))
