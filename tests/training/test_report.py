@@ -561,3 +561,14 @@ def test_costs_counts_what_the_report_trains(multimnist: bool) -> None:
         assert row["train_flops_per_image"] == counted["train_flops_per_image"]
     assert row["images_per_s"] > 0
     assert row["parameters"] == count_parameters(CapsNet(CapsNetConfig.tiny(image_size=exp.canvas)))
+
+
+def test_sections_say_where_their_models_trained() -> None:
+    cpu = {"cpu_model": "AMD EPYC", "cpu_count": 2, "torch_threads": 1, "nice": 19, "load_average": [12.5, 9.0, 8.0]}
+    assert compute.trained_on(cpu) == (
+        "2 CPUs (AMD EPYC), 1 torch thread, at nice 19; load average 12.5 when the result was saved"
+    )
+    assert (
+        compute.trained_on({"processor": "x86", "cpu_count": 8, "torch_threads": 8}) == "8 CPUs (x86), 8 torch threads"
+    )
+    assert compute.trained_on({**cpu, "gpu": "NVIDIA A100"}) == "a NVIDIA A100 GPU"

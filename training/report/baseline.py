@@ -37,6 +37,7 @@ from training.report.compute import (
     model_costs,
     progress,
     progress_line,
+    trained_on,
 )
 
 log = logging.getLogger(__name__)
@@ -136,9 +137,10 @@ def render_baseline(ctx: Context, saved: Saved | None, reason: str | None) -> st
     ours = cumulative(r["history"], prog["images_per_epoch"], r["train_flops_per_image"]) if prog else []
     if prog:
         out += [
-            "**Compute.** Two CPU cores shared with a CapsNet training run that has priority (this run niced below "
-            f"it): {compute_sentence(train, r['train_digits'], costs)}. {progress_line('Baseline CNN', prog)} The "
-            "paper trained many full passes on a GPU and evaluated on all 10,000 test digits.",
+            f"**Compute.** Trained on {trained_on(saved.machine)}: "
+            f"{compute_sentence(train, r['train_digits'], costs)}. "
+            f"{progress_line('Baseline CNN', prog)} The paper reports its converged model, evaluated on all 10,000 "
+            "test digits.",
             "",
         ]
     last = ours[-1] if ours else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -202,6 +203,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = dict(machine_description(device))
     info["cpu_model"] = cpu_model()
     info["load_average"] = load_average()
+    info["nice"] = os.nice(0) if hasattr(os, "nice") else None
     return info
 
 

@@ -108,3 +108,19 @@ def compute_sentence(train: dict[str, Any], train_images: int, costs: dict[str, 
         f"{evaluation} test digits; {costs['train_flops_per_image'] / 1e9:.2f} GFLOP per training image, "
         f"{costs['inference_flops_per_image'] / 1e9:.2f} GFLOP per inference"
     )
+
+
+def trained_on(machine: dict[str, Any]) -> str:
+    """Where a section's models trained, from its saved machine description: GPU, or CPUs, threads, nice, load."""
+    if machine.get("gpu"):
+        return f"a {machine['gpu']} GPU"
+    cpu = machine.get("cpu_model") or machine.get("processor") or "unknown CPU"
+    threads = machine.get("torch_threads")
+    parts = [f"{machine.get('cpu_count')} CPUs ({cpu})"]
+    if threads:
+        parts.append(f"{threads} torch thread{'s' if threads != 1 else ''}")
+    if machine.get("nice"):
+        parts.append(f"at nice {machine['nice']}")
+    load = machine.get("load_average")
+    where = ", ".join(parts)
+    return f"{where}; load average {load[0]:g} when the result was saved" if load else where

@@ -34,6 +34,7 @@ from training.report.compute import (
     lr_decay_per_epoch,
     progress,
     progress_line,
+    trained_on,
 )
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
     r = saved.result
     prog = r.get("progress")
     if prog:
-        out += [compute_paragraph(r, prog), ""]
+        out += [compute_paragraph(r, prog, saved.machine), ""]
     composites = f"{prog['images_done']:,}" if prog else "—"
     epochs = len(r["history"])
     rows: list[list[Any]] = [
@@ -168,7 +169,7 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
     return "\n".join(out)
 
 
-def compute_paragraph(r: dict[str, Any], prog: dict[str, Any]) -> str:
+def compute_paragraph(r: dict[str, Any], prog: dict[str, Any], machine: dict[str, Any]) -> str:
     cfg = r["config"]
     per_epoch = cfg.get("composites_per_epoch") or r["train_digits"]
     precision = "bfloat16 convolutions (autocast)" if cfg.get("amp") else "float32"
@@ -179,13 +180,13 @@ def compute_paragraph(r: dict[str, Any], prog: dict[str, Any]) -> str:
         else f"one composite per training digit ({per_epoch:,}) per epoch"
     )
     return (
-        "**Compute.** Two CPU cores shared with a CapsNet training run that has priority (this run niced below it): "
+        f"**Compute.** Trained on {trained_on(machine)}: "
         f"{cfg['epochs']} epochs of {source}, batch {cfg['batch_size']}, {precision}, Adam lr {cfg['lr']:g} "
         "decaying by "
         f"{cfg['lr_decay']:.5g} per epoch (0.96 per 60,000 composites); tested after every epoch on "
         f"{cfg['test_pairs_per_digit']} composite(s) of each of the first {r['test_n']:,} test digits; "
         f"{r['train_flops_per_image'] / 1e9:.2f} GFLOP per training composite. {progress_line('CapsNet', prog)} "
-        "The paper: 60M training composites (1,000 per training digit) and 10M test composites, on a GPU."
+        "The paper: 60M training composites (1,000 per training digit) and 10M test composites."
     )
 
 
