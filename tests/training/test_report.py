@@ -572,3 +572,29 @@ def test_sections_say_where_their_models_trained() -> None:
         compute.trained_on({"processor": "x86", "cpu_count": 8, "torch_threads": 8}) == "8 CPUs (x86), 8 torch threads"
     )
     assert compute.trained_on({**cpu, "gpu": "NVIDIA A100"}) == "a NVIDIA A100 GPU"
+
+
+def test_update_rewrites_only_the_named_sections_and_keeps_the_rest(
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "docs"
+    base = ["--tiny", "--out", str(out), "--zoo", str(tmp_path / "zoo"), "--device", "cpu"]
+    update = [*base, "--data-dir", str(synthetic_mnist), "--sections", "baseline", "--update"]
+    assert build.main(update) == 2
+    assert f"there is no {out / 'REPORT.md'}" in capsys.readouterr().err
+    assert build.main([*base, "--sections", "none"]) == 0
+    report = out / "REPORT.md"
+    hand_written = "## 8. Written by hand\n\nKept as it is.\n"
+    report.write_text(report.read_text() + "\n" + hand_written)
+    before = report.read_text()
+    assert build.main(update) == 0
+    after = report.read_text()
+    assert "baseline CNN (this run)" in after and after.endswith(hand_written)
+    assert after.split("## 2.")[0] == before.split("## 2.")[0]  # the header and section 1 untouched
+    assert after.split("## 3.")[1] == before.split("## 3.")[1]  # and everything after section 2
+    report.write_text(before.replace("## 4. MultiMNIST", "## 4. Renamed"))
+    assert build.main([*update[:-2], "multimnist", "--update"]) == 2
+    assert "has no section '## 4. MultiMNIST' to rewrite" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build.main([*base, "--sections", "none", "--update"])
+    assert "--update needs --sections naming the sections to rewrite" in capsys.readouterr().err
