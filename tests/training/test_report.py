@@ -516,7 +516,9 @@ def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: P
     assert ref["images_per_epoch"] == len(load_split(synthetic_mnist, "train")) - 16  # less the held-out images
     assert [r["test_error"] for r in ref["history"]] == [0.02, 0.01] and ref["train_flops_per_image"] > 0
     text = baseline.render_baseline(ctx, common.save_result(ctx, "baseline", result, {}), None)
-    assert "CapsNet, last epoch (epoch 2)" in text and "CapsNet's curve is the bundled model's training run" in text
+    assert "| CapsNet, last epoch (epoch 2) | 8,215,568 | 1.20 | 96 | 0.00 | 1.00% | 10,000 |" in text
+    assert f"CapsNet's curve is `{curve}` (48 training images per epoch" in text
+    assert "The baseline's test error is on the first 32 test digits (standard error ±" in text
 
 
 @pytest.mark.parametrize(

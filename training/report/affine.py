@@ -12,7 +12,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.capsnet import count_parameters
 from training.architectures import Architecture
 from training.config import TrainConfig
 from training.data import MNISTSplit
@@ -115,7 +114,6 @@ def model_entry(ctx: Context, cfg: TrainConfig, trainer: Trainer[ClassificationT
     return {
         "train_config": asdict(cfg),
         "model_config": trainer.model_config,
-        "parameters": count_parameters(trainer.model),
         **model_costs(cfg.arch, trainer.model_config, (1, cfg.canvas, cfg.canvas)),
         "progress": progress(trainer.history, cfg.epochs, cfg.epoch_images, train_images(ctx)),
     }

@@ -37,7 +37,8 @@ def count_flops(step: Callable[[], Any]) -> int:
 
 
 def model_costs(arch_name: str, model_config: dict[str, Any], shape: tuple[int, int, int]) -> dict[str, int]:
-    """FLOPs per image of a training step (forward, the architecture's loss, backward) and of inference.
+    """Parameters, and FLOPs per image of a training step (forward, the architecture's loss, backward) and of
+    inference.
 
     Counted on a freshly built model with a batch of two random images (`shape` is one image, (C, H, W)); the
     global random state is left as it was.
@@ -58,6 +59,7 @@ def model_costs(arch_name: str, model_config: dict[str, Any], shape: tuple[int, 
             arch.forward(model, images, None)
 
     return {
+        "parameters": sum(p.numel() for p in model.parameters()),
         "train_flops_per_image": count_flops(train_step) // 2,
         "inference_flops_per_image": count_flops(inference) // 2,
     }
