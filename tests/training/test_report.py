@@ -497,6 +497,11 @@ def test_the_affine_section_trains_the_cnn_first_and_waits_for_capsnet(
     text = affine.render_affine(ctx, saved, None)
     assert "No comparison yet: CapsNet has no epoch trained." in text and "**Partial result.**" in text
     assert "Baseline CNN (conv channels 4, 4, 2)" in text
+    assert "CapsNet: not started yet" not in text  # opened, with no epoch yet
+    del result["models"]["dynamic"]
+    assert "CapsNet: not started yet (the models train one after the other, the CNN first)." in (
+        affine.compute_paragraph(result, saved.machine)
+    )
 
 
 def test_baseline_curve_is_compared_with_capsnet_at_the_same_training_compute() -> None:

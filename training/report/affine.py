@@ -190,7 +190,8 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
     matched = res.get("matched")
     if matched is None:
         waiting = [NAMES[a] for a in ARCHS if not res["histories"].get(a)]
-        out += [f"No comparison yet: {' and '.join(waiting)} has no epoch trained.", ""]
+        verb = "has" if len(waiting) == 1 else "have"
+        out += [f"No comparison yet: {' and '.join(waiting)} {verb} no epoch trained.", ""]
     else:
         out += [md_table(*matched_table(res, matched)), ""]
         out += [f"Matched MNIST accuracy: {pct(matched['target_mnist_accuracy'])}.", ""]
@@ -217,6 +218,7 @@ def compute_paragraph(res: dict[str, Any], machine: dict[str, Any]) -> str:
     for arch in ARCHS:
         m = res["models"].get(arch)
         if m is None or "progress" not in m:
+            lines.append(f"{NAMES[arch]}: not started yet (the models train one after the other, the CNN first).")
             continue
         channels = m["model_config"].get("conv_channels")
         shape = f" (conv channels {', '.join(map(str, channels))})" if channels else ""
