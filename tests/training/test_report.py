@@ -605,3 +605,17 @@ def test_update_rewrites_only_the_named_sections_and_keeps_the_rest(
     with pytest.raises(SystemExit):
         build.main([*base, "--sections", "none", "--update"])
     assert "--update needs --sections naming the sections to rewrite" in capsys.readouterr().err
+
+
+def test_progress_says_how_far_a_run_got_inside_its_next_epoch(tmp_path: Path) -> None:
+    rows = [{"epoch": 1, "seconds": 1800.0}]
+    between = compute.progress(rows, 4, 100, 1000, (tmp_path, 32))  # no last.pt: nothing inside an epoch
+    assert "next_epoch" not in between and between["train_hours"] == 0.5 and between["images_done"] == 100
+    save_checkpoint(tmp_path / "last.pt", {"epoch": 1, "mid_epoch": {"step": 3, "ranks": []}})
+    inside = compute.progress(rows, 4, 100, 1000, (tmp_path, 32))
+    assert inside["next_epoch"] == {"steps_done": 3, "steps": 4}  # ceil(100 / 32) steps per epoch
+    assert compute.progress_line("CNN", inside) == (
+        "CNN: **unfinished**, 1 of 4 epochs of 100 images (100 of 400 training images) in 0.50 h of training, "
+        "and 3 of the 4 steps of epoch 2."
+    )
+    assert "next_epoch" not in compute.progress(rows * 4, 4, 100, 1000, (tmp_path, 32))  # finished

@@ -115,7 +115,9 @@ def model_entry(ctx: Context, cfg: TrainConfig, trainer: Trainer[ClassificationT
         "train_config": asdict(cfg),
         "model_config": trainer.model_config,
         **model_costs(cfg.arch, trainer.model_config, (1, cfg.canvas, cfg.canvas)),
-        "progress": progress(trainer.history, cfg.epochs, cfg.epoch_images, train_images(ctx)),
+        "progress": progress(
+            trainer.history, cfg.epochs, cfg.epoch_images, train_images(ctx), (trainer.out, cfg.batch_size)
+        ),
     }
 
 

@@ -72,7 +72,9 @@ def run_baseline(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         **model_costs("baseline", trainer.model_config, (1, cfg.canvas, cfg.canvas)),
         "history": history,
         "train_digits": train_images(ctx),
-        "progress": progress(history, cfg.epochs, cfg.epoch_images, train_images(ctx)),
+        "progress": progress(
+            history, cfg.epochs, cfg.epoch_images, train_images(ctx), (ctx.run_dir("baseline-mnist"), cfg.batch_size)
+        ),
         "capsnet": capsnet_reference(ctx.capsnet_curve, train_images(ctx))
         if ctx.capsnet_curve and ctx.capsnet_curve.is_file()
         else None,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from training.architectures import get_architecture
+from training.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +68,28 @@ def model_costs(arch_name: str, model_config: dict[str, Any], shape: tuple[int, 
     }
 
 
-def progress(history: list[dict[str, Any]], epochs: int, epoch_images: int | None, train_images: int) -> dict[str, Any]:
-    """How far a trained model got: epochs and training images done and planned, and the training time spent."""
+def steps_into_epoch(run_dir: Path | None) -> int | None:
+    """How many steps of its next epoch a run stopped inside one has done (None: it stopped between epochs)."""
+    last = run_dir / "last.pt" if run_dir is not None else None
+    if last is None or not last.is_file():
+        return None
+    step = load_checkpoint(last).get("mid_epoch", {}).get("step")
+    return int(step) if step is not None else None
+
+
+def progress(
+    history: list[dict[str, Any]],
+    epochs: int,
+    epoch_images: int | None,
+    train_images: int,
+    run: tuple[Path | None, int] | None = None,
+) -> dict[str, Any]:
+    """How far a trained model got: epochs and training images done and planned, and the training time spent.
+
+    `run` is (its run directory, its batch size): an unfinished run's place inside its next epoch is read there.
+    """
     per_epoch = epoch_images if epoch_images is not None else train_images
-    return {
+    done: dict[str, Any] = {
         "epochs_done": len(history),
         "epochs_planned": epochs,
         "images_per_epoch": per_epoch,
@@ -77,14 +98,21 @@ def progress(history: list[dict[str, Any]], epochs: int, epoch_images: int | Non
         "train_hours": round(sum(float(row.get("seconds", 0.0)) for row in history) / 3600.0, 3),
         "finished": len(history) >= epochs,
     }
+    if run is not None and not done["finished"] and (step := steps_into_epoch(run[0])) is not None:
+        done["next_epoch"] = {"steps_done": step, "steps": math.ceil(per_epoch / run[1])}
+    return done
 
 
 def progress_line(name: str, p: dict[str, Any]) -> str:
     """One sentence: `name`'s epochs and images done of those planned, and its training time."""
     state = "finished" if p["finished"] else "**unfinished**"
+    inside = ""
+    if nxt := p.get("next_epoch"):
+        inside = f", and {nxt['steps_done']} of the {nxt['steps']} steps of epoch {p['epochs_done'] + 1}"
     return (
         f"{name}: {state}, {p['epochs_done']} of {p['epochs_planned']} epochs of {p['images_per_epoch']:,} images "
-        f"({p['images_done']:,} of {p['images_planned']:,} training images) in {p['train_hours']:.2f} h of training."
+        f"({p['images_done']:,} of {p['images_planned']:,} training images) in {p['train_hours']:.2f} h of "
+        f"training{inside}."
     )
 
 

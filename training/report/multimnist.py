@@ -66,7 +66,7 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
         **multimnist_costs(model.cfg.to_dict()),
         "train_digits": len(train),
         "history": history,
-        "progress": progress(history, cfg.epochs, cfg.composites_per_epoch, len(train)),
+        "progress": progress(history, cfg.epochs, cfg.composites_per_epoch, len(train), (out, cfg.batch_size)),
         "test_error": history[-1]["test_error"] if history else None,
         "test_n": history[-1]["test_n"] if history else 0,
     }
