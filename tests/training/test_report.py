@@ -619,3 +619,22 @@ def test_progress_says_how_far_a_run_got_inside_its_next_epoch(tmp_path: Path) -
         "and 3 of the 4 steps of epoch 2."
     )
     assert "next_epoch" not in compute.progress(rows * 4, 4, 100, 1000, (tmp_path, 32))  # finished
+
+
+def test_multimnist_section_renders_a_partial_run_with_its_composites_per_epoch(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (common, loop):
+        monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.sizes = replace(Sizes.tiny(), epochs=2, epoch_images=24, test_subset=16)
+    ctx.runs, ctx.deadline = tmp_path / "runs", time.monotonic() + 3600
+    with pytest.raises(common.Unfinished) as stopped:
+        multimnist_section.run_multimnist(ctx)
+    assert stopped.value.partial is not None
+    result, arrays = stopped.value.partial
+    assert result["config"]["composites_per_epoch"] == 24 and result["history"][0]["test_n"] == 16
+    text = multimnist_section.render_multimnist(ctx, common.save_result(ctx, "multimnist", result, arrays), None)
+    assert "2 epochs of 24 composites per epoch, each epoch's from 24 training digits sampled afresh" in text
+    assert "each of the first 16 test digits" in text and "CapsNet: **unfinished**, 1 of 2 epochs of 24" in text
+    assert "| CapsNet (this run) | 239,008 | 1 | 24 |" in text and "**Partial result.**" in text

@@ -65,6 +65,7 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
         "parameters": count_parameters(model),
         **multimnist_costs(model.cfg.to_dict()),
         "train_digits": len(train),
+        "test_digits": len(test),
         "history": history,
         "progress": progress(history, cfg.epochs, cfg.composites_per_epoch, len(train), (out, cfg.batch_size)),
         "test_error": history[-1]["test_error"] if history else None,
@@ -184,7 +185,8 @@ def compute_paragraph(r: dict[str, Any], prog: dict[str, Any], machine: dict[str
         f"{cfg['epochs']} epochs of {source}, batch {cfg['batch_size']}, {precision}, Adam lr {cfg['lr']:g} "
         "decaying by "
         f"{cfg['lr_decay']:.5g} per epoch (0.96 per 60,000 composites); tested after every epoch on "
-        f"{cfg['test_pairs_per_digit']} composite(s) of each of the first {r['test_n']:,} test digits; "
+        f"{cfg['test_pairs_per_digit']} composite(s) of each of the first {r.get('test_digits', r['test_n']):,} test "
+        "digits; "
         f"{r['train_flops_per_image'] / 1e9:.2f} GFLOP per training composite. {progress_line('CapsNet', prog)} "
         "The paper: 60M training composites (1,000 per training digit) and 10M test composites."
     )
