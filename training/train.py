@@ -81,7 +81,7 @@ def epoch_indices(n: int, cfg: TrainConfig, epoch: int, info: DistInfo) -> torch
     if cfg.epoch_images is None:
         return shuffled(n, cfg.seed, epoch, info)
     per_rank = -(-cfg.epoch_images // info.world_size)  # ceil: this rank's images per epoch
-    share = len(shuffled(n, cfg.seed, 0, info))  # this rank's images per shuffle (the same for every shuffle)
+    share = -(-n // info.world_size)  # this rank's images per shuffle (DistributedSampler pads to an even split)
     start, stop = epoch * per_rank, (epoch + 1) * per_rank
     parts = [shuffled(n, cfg.seed, k, info) for k in range(start // share, (stop - 1) // share + 1)]
     first = (start // share) * share
