@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="an epoch of every trained model is N training images (consecutive pieces of one stream of seeded "
-        "shuffles; MultiMNIST: N composites), the learning rate decaying 0.96 per 60,000 (default: the whole set)",
+        "shuffles; MultiMNIST: N composites), the learning rate decaying 0.96 per pass over the training set "
+        "(default: the whole set)",
     )
     p.add_argument(
         "--test-images",
@@ -231,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-minutes",
         type=float,
         default=None,
-        help="time budget for the training sections (needs --runs): no epoch is started that would overrun "
-        "it; the command then exits 3 and the same command continues (default: none)",
+        help="time budget for the training sections (needs --runs): no epoch, and inside one no step, is started "
+        "that would overrun it; the section's result so far is saved and shown as partial, the command exits 3 "
+        "and the same command continues (default: none)",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed of training and generated data (default: 0)")
     p.add_argument(
