@@ -638,3 +638,18 @@ def test_multimnist_section_renders_a_partial_run_with_its_composites_per_epoch(
     assert "2 epochs of 24 composites per epoch, each epoch's from 24 training digits sampled afresh" in text
     assert "each of the first 16 test digits" in text and "CapsNet: **unfinished**, 1 of 2 epochs of 24" in text
     assert "| CapsNet (this run) | 239,008 | 1 | 24 |" in text and "**Partial result.**" in text
+
+
+def test_a_result_is_partial_while_any_of_its_models_is_unfinished(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+
+    def saved(result: dict[str, Any]) -> common.Saved:
+        return common.save_result(ctx, "affine", result, {})
+
+    assert common.is_partial(saved({"progress": {"finished": False}}))
+    assert not common.is_partial(saved({"progress": {"finished": True}}))
+    models = {"baseline": {"progress": {"finished": True}}, "dynamic": {"progress": {"finished": False}}}
+    assert common.is_partial(saved({"models": models, "histories": {}}))
+    models["dynamic"]["progress"]["finished"] = True
+    assert not common.is_partial(saved({"models": models, "histories": {}}))
+    assert not common.is_partial(saved({"models": [{"name": "capsnet-mnist"}]}))  # section 1's list of models

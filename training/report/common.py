@@ -192,11 +192,13 @@ def load_result(ctx: Context, section: str) -> Saved | None:
 
 
 def is_partial(saved: Saved) -> bool:
-    """Whether a saved result is of a training that has not reached its planned epochs yet."""
-    prog = saved.result.get("progress")
-    if isinstance(prog, dict) and "finished" in prog:
-        return not prog["finished"]
-    return any(not p.get("finished", True) for p in (saved.result.get("progress_by_model") or {}).values())
+    """Whether a saved result is of a training that has not reached its planned epochs yet: its `progress`, or
+    that of any of its `models` (the affine section's), says it has not finished."""
+    r = saved.result
+    models = r.get("models")
+    by_model = models.values() if isinstance(models, dict) else []
+    progresses = [r.get("progress"), *(m.get("progress") for m in by_model if isinstance(m, dict))]
+    return any(isinstance(p, dict) and not p.get("finished", True) for p in progresses)
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
