@@ -611,12 +611,12 @@ def test_progress_says_how_far_a_run_got_inside_its_next_epoch(tmp_path: Path) -
     rows = [{"epoch": 1, "seconds": 1800.0}]
     between = compute.progress(rows, 4, 100, 1000, (tmp_path, 32))  # no last.pt: nothing inside an epoch
     assert "next_epoch" not in between and between["train_hours"] == 0.5 and between["images_done"] == 100
-    save_checkpoint(tmp_path / "last.pt", {"epoch": 1, "mid_epoch": {"step": 3, "ranks": []}})
+    save_checkpoint(tmp_path / "last.pt", {"epoch": 1, "mid_epoch": {"step": 3, "ranks": [{"seconds": 900.0}]}})
     inside = compute.progress(rows, 4, 100, 1000, (tmp_path, 32))
-    assert inside["next_epoch"] == {"steps_done": 3, "steps": 4}  # ceil(100 / 32) steps per epoch
+    assert inside["next_epoch"] == {"steps_done": 3, "steps": 4, "hours": 0.25}  # ceil(100 / 32) steps per epoch
     assert compute.progress_line("CNN", inside) == (
         "CNN: **unfinished**, 1 of 4 epochs of 100 images (100 of 400 training images) in 0.50 h of training, "
-        "and 3 of the 4 steps of epoch 2."
+        "and 3 of the 4 steps of epoch 2 (0.25 h)."
     )
     assert "next_epoch" not in compute.progress(rows * 4, 4, 100, 1000, (tmp_path, 32))  # finished
 
@@ -636,7 +636,9 @@ def test_multimnist_section_renders_a_partial_run_with_its_composites_per_epoch(
     assert result["config"]["composites_per_epoch"] == 24 and result["history"][0]["test_n"] == 16
     text = multimnist_section.render_multimnist(ctx, common.save_result(ctx, "multimnist", result, arrays), None)
     assert "2 epochs of 24 composites per epoch, each epoch's from 24 training digits sampled afresh" in text
-    assert "each of the first 16 test digits" in text and "CapsNet: **unfinished**, 1 of 2 epochs of 24" in text
+    assert (
+        "each of the first 16 test digits" in text and "CapsNet: **unfinished**, 1 of 2 epochs of 24 composites" in text
+    )
     assert "| CapsNet (this run) | 239,008 | 1 | 24 |" in text and "**Partial result.**" in text
 
 

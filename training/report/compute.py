@@ -68,13 +68,15 @@ def model_costs(arch_name: str, model_config: dict[str, Any], shape: tuple[int, 
     }
 
 
-def steps_into_epoch(run_dir: Path | None) -> int | None:
-    """How many steps of its next epoch a run stopped inside one has done (None: it stopped between epochs)."""
+def steps_into_epoch(run_dir: Path | None) -> tuple[int, float] | None:
+    """A run stopped inside an epoch: the steps of it done and their training seconds (None: between epochs)."""
     last = run_dir / "last.pt" if run_dir is not None else None
     if last is None or not last.is_file():
         return None
-    step = load_checkpoint(last).get("mid_epoch", {}).get("step")
-    return int(step) if step is not None else None
+    mid = load_checkpoint(last).get("mid_epoch")
+    if not mid:
+        return None
+    return int(mid["step"]), float(sum(rank.get("seconds", 0.0) for rank in mid["ranks"][:1]))
 
 
 def progress(
@@ -98,20 +100,24 @@ def progress(
         "train_hours": round(sum(float(row.get("seconds", 0.0)) for row in history) / 3600.0, 3),
         "finished": len(history) >= epochs,
     }
-    if run is not None and not done["finished"] and (step := steps_into_epoch(run[0])) is not None:
-        done["next_epoch"] = {"steps_done": step, "steps": math.ceil(per_epoch / run[1])}
+    if run is not None and not done["finished"] and (inside := steps_into_epoch(run[0])) is not None:
+        steps, seconds = inside
+        done["next_epoch"] = {"steps_done": steps, "steps": math.ceil(per_epoch / run[1]), "hours": seconds / 3600}
     return done
 
 
-def progress_line(name: str, p: dict[str, Any]) -> str:
-    """One sentence: `name`'s epochs and images done of those planned, and its training time."""
+def progress_line(name: str, p: dict[str, Any], unit: str = "images") -> str:
+    """One sentence: `name`'s epochs and `unit` done of those planned, and its training time."""
     state = "finished" if p["finished"] else "**unfinished**"
     inside = ""
     if nxt := p.get("next_epoch"):
-        inside = f", and {nxt['steps_done']} of the {nxt['steps']} steps of epoch {p['epochs_done'] + 1}"
+        inside = (
+            f", and {nxt['steps_done']} of the {nxt['steps']} steps of epoch {p['epochs_done'] + 1} "
+            f"({nxt.get('hours', 0.0):.2f} h)"
+        )
     return (
-        f"{name}: {state}, {p['epochs_done']} of {p['epochs_planned']} epochs of {p['images_per_epoch']:,} images "
-        f"({p['images_done']:,} of {p['images_planned']:,} training images) in {p['train_hours']:.2f} h of "
+        f"{name}: {state}, {p['epochs_done']} of {p['epochs_planned']} epochs of {p['images_per_epoch']:,} {unit} "
+        f"({p['images_done']:,} of {p['images_planned']:,} training {unit}) in {p['train_hours']:.2f} h of "
         f"training{inside}."
     )
 

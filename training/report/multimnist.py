@@ -142,7 +142,7 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
             ax.grid(True, alpha=0.3)
         out += [f"![MultiMNIST test error by training composites]({rel(ctx, curve)})", ""]
     a = saved.arrays
-    if a:
+    if a and r["history"]:  # (an untrained model's reconstructions show nothing)
         n = len(a["inputs"])
         cols = [
             np.repeat(a["inputs"][..., None], 3, axis=-1),
@@ -187,7 +187,8 @@ def compute_paragraph(r: dict[str, Any], prog: dict[str, Any], machine: dict[str
         f"{cfg['lr_decay']:.5g} per epoch (0.96 per 60,000 composites); tested after every epoch on "
         f"{cfg['test_pairs_per_digit']} composite(s) of each of the first {r.get('test_digits', r['test_n']):,} test "
         "digits; "
-        f"{r['train_flops_per_image'] / 1e9:.2f} GFLOP per training composite. {progress_line('CapsNet', prog)} "
+        f"{r['train_flops_per_image'] / 1e9:.2f} GFLOP per training composite. "
+        f"{progress_line('CapsNet', prog, 'composites')} "
         "The paper: 60M training composites (1,000 per training digit) and 10M test composites."
     )
 
