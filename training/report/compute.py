@@ -111,10 +111,8 @@ def progress_line(name: str, p: dict[str, Any], unit: str = "images") -> str:
     state = "finished" if p["finished"] else "**unfinished**"
     inside = ""
     if nxt := p.get("next_epoch"):
-        inside = (
-            f", and {nxt['steps_done']} of the {nxt['steps']} steps of epoch {p['epochs_done'] + 1} "
-            f"({nxt.get('hours', 0.0):.2f} h)"
-        )
+        hours = f" ({nxt['hours']:.2f} h)" if "hours" in nxt else ""
+        inside = f", and {nxt['steps_done']} of the {nxt['steps']} steps of epoch {p['epochs_done'] + 1}{hours}"
     return (
         f"{name}: {state}, {p['epochs_done']} of {p['epochs_planned']} epochs of {p['images_per_epoch']:,} {unit} "
         f"({p['images_done']:,} of {p['images_planned']:,} training {unit}) in {p['train_hours']:.2f} h of "
