@@ -498,6 +498,7 @@ def test_the_affine_section_trains_the_cnn_first_and_waits_for_capsnet(
     assert "No comparison yet: CapsNet has no epoch trained." in text and "**Partial result.**" in text
     assert "Baseline CNN (conv channels 4, 4, 2)" in text
     assert "CapsNet: not started yet" not in text  # opened, with no epoch yet
+    assert "The epochs so far:" in text and "| Baseline CNN | 1 |" in text  # the CNN's rows, no comparison
     del result["models"]["dynamic"]
     assert "CapsNet: not started yet (the models train one after the other, the CNN first)." in (
         affine.compute_paragraph(result, saved.machine)

@@ -143,7 +143,7 @@ def run_affine(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     arrays = example_arrays(ctx, test, affine)
 
     def so_far() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        return {**result, "matched": match_accuracy(result["histories"])}, arrays
+        return {**result, "matched": match_accuracy({a: result["histories"].get(a, []) for a in ARCHS})}, arrays
 
     for arch in ARCHS:
         cfg = affine_config(ctx, arch)
@@ -190,10 +190,18 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
     res = saved.result
     out += [compute_paragraph(res, saved.machine), ""]
     matched = res.get("matched")
-    if matched is None:
-        waiting = [NAMES[a] for a in ARCHS if not res["histories"].get(a)]
+    waiting = [NAMES[a] for a in ARCHS if not res["histories"].get(a)]
+    if waiting or matched is None:
         verb = "has" if len(waiting) == 1 else "have"
         out += [f"No comparison yet: {' and '.join(waiting)} {verb} no epoch trained.", ""]
+        rows = [
+            [NAMES[a], h["epoch"], pct(accuracy(h, "test")), pct(accuracy(h, "affine")), f"{h['affine_n']:,}"]
+            for a in ARCHS
+            for h in res["histories"].get(a, [])
+        ]
+        if rows:
+            headers = ["model", "epoch", "MNIST (40×40) accuracy", "affine accuracy", "test n"]
+            out += ["The epochs so far:", "", md_table(headers, rows), ""]
     else:
         out += [md_table(*matched_table(res, matched)), ""]
         out += [f"Matched MNIST accuracy: {pct(matched['target_mnist_accuracy'])}.", ""]
