@@ -23,6 +23,7 @@ class TrainConfig:
     amp: bool = False  # bfloat16 autocast of the convolutions: CUDA, or a CPU with native bfloat16
     val_split: int = 0  # hold out this many training images (seeded) for validation; 0: train on all
     train_subset: int | None = None
+    epoch_images: int | None = None  # an epoch is this many images of one seeded stream of shuffles; None: the set
     test_subset: int | None = None
     eval_batch_size: int = 500
     dry_run: bool = False

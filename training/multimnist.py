@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +42,19 @@ def top2(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def multimnist_loss(
-    model: CapsNet, images: torch.Tensor, labels: torch.Tensor, digits: torch.Tensor
+    model: CapsNet,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    digits: torch.Tensor,
+    autocast: Autocast = contextlib.nullcontext,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Margin loss with both digits present plus 0.0005 x the reconstruction loss of each digit on its own.
 
-    images (B, 1, S, S), labels (B, 2), digits (B, 2, 1, S, S) in [0, 1].
+    images (B, 1, S, S), labels (B, 2), digits (B, 2, 1, S, S) in [0, 1]; the encoder runs under `autocast()`.
     """
-    poses, _ = model.encode(images)  # (B, K, D)
+    with autocast():
+        poses, _ = model.encode(images)  # (B, K, D)
+    poses = poses.float()
     lengths = capsule_length(poses)  # (B, K)
     margin = margin_loss_multi(lengths, multi_hot(labels, model.cfg.num_classes))
     recon = reconstruct_each(model, poses, labels)  # (B, 2, pixels)
@@ -67,6 +74,8 @@ class MultiMNISTConfig:
     train_subset: int | None = None
     test_subset: int | None = None
     test_pairs_per_digit: int = 1  # composites per test digit (the paper used 1,000)
+    amp: bool = False  # bfloat16 autocast of the convolutions (CUDA, or a CPU with native bfloat16)
+    composites_per_epoch: int | None = None  # drawn from that many training digits sampled afresh; None: one per digit
     eval_batch_size: int = 500
 
 
@@ -132,8 +141,9 @@ def reconstruction_examples(
 
 
 class MultiMNISTTask:
-    """Composites drawn afresh every epoch (one per training digit, seed + epoch) in an order kept across resumes;
-    the two-label loss; the two-digit error on composites drawn once (seed 10_000 + cfg.seed)."""
+    """Composites drawn afresh every epoch (one per training digit, seed + epoch; with `composites_per_epoch`, one
+    per digit of that many sampled afresh, partners among them) in an order kept across resumes; the two-label
+    loss; the two-digit error on composites drawn once (seed 10_000 + cfg.seed)."""
 
     def __init__(self, cfg: MultiMNISTConfig, train: MNISTSplit, test: MNISTSplit, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
@@ -145,7 +155,11 @@ class MultiMNISTTask:
         self.data: MultiDigits | None = None
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        self.data = multimnist(self.train.images, self.train.labels, self.cfg.seed * 1_000 + epoch)
+        images, labels, seed = self.train.images, self.train.labels, self.cfg.seed * 1_000 + epoch
+        if (n := self.cfg.composites_per_epoch) is not None and n < len(labels):
+            pick = np.sort(np.random.default_rng([seed, 1]).choice(len(labels), size=n, replace=False))
+            images, labels = images[pick], labels[pick]  # the epoch's digits: bases and partners alike
+        self.data = multimnist(images, labels, seed)
         order = self.order_rng.permutation(len(self.data.labels))
         return [order[first : first + self.cfg.batch_size] for first in range(0, len(order), self.cfg.batch_size)]
 
@@ -154,7 +168,7 @@ class MultiMNISTTask:
             raise RuntimeError("MultiMNISTTask.step before batches(): the epoch's composites are not drawn yet")
         labels = torch.from_numpy(self.data.labels[batch]).to(self.device)
         images, digits = _float(self.data.images[batch], self.device), _float(self.data.digits[batch], self.device)
-        loss, parts = multimnist_loss(cast(CapsNet, model), images, labels, digits)
+        loss, parts = multimnist_loss(cast(CapsNet, model), images, labels, digits, autocast)
         return Step(loss, dict(parts), len(batch))
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
@@ -176,6 +190,7 @@ def train_config(cfg: MultiMNISTConfig, device: torch.device) -> TrainConfig:
         arch="dynamic", preset=cfg.preset, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
         lr_decay=cfg.lr_decay, max_shift=0, canvas=MULTIMNIST_CANVAS, seed=cfg.seed, device=str(device),
         train_subset=cfg.train_subset, test_subset=cfg.test_subset, eval_batch_size=cfg.eval_batch_size,
+        epoch_images=cfg.composites_per_epoch, amp=cfg.amp,
     )  # fmt: skip
 
 
@@ -186,12 +201,14 @@ def train_multimnist(
     device: torch.device,
     out_dir: Path | None = None,
     deadline: float | None = None,
+    checkpoint_minutes: float | None = None,
 ) -> tuple[CapsNet, list[dict[str, Any]], MultiDigits]:
     """Train a CapsNet on MultiMNIST with the one training loop; the error after every epoch is on the test composites.
 
     With `out_dir`, checkpoints and metrics are written there after every epoch and a run continues from its
     last.pt exactly (refusing one of other settings); no epoch is started that would end past `deadline`
-    (time.monotonic(), judged by the last epoch), so the history may be shorter than cfg.epochs. Returns
+    (time.monotonic(), judged by the last epoch), so the history may be shorter than cfg.epochs; with
+    `checkpoint_minutes`, last.pt is also written every that many minutes inside an epoch. Returns
     the model, the per-epoch history and the test composites.
     """
     loop_cfg = train_config(cfg, device)
@@ -202,5 +219,5 @@ def train_multimnist(
     last = out_dir / "last.pt" if out_dir is not None else None
     resume = str(last) if last is not None and last.is_file() else None
     trainer = Trainer(loop_cfg, task, model, model_config, out_dir, resume, strict_resume=True)
-    history = trainer.fit(deadline)
+    history = trainer.fit(deadline, checkpoint_minutes)
     return cast(CapsNet, model), history, task.test_data

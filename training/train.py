@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,19 +59,38 @@ def model_config_for(cfg: TrainConfig) -> dict[str, Any]:
     return get_architecture(cfg.arch).make_config(cfg.preset, overrides)
 
 
-def epoch_batches(n: int, cfg: TrainConfig, epoch: int, info: DistInfo) -> list[torch.Tensor]:
-    """This rank's shuffled index batches for `epoch` (a DistributedSampler, seeded by seed and epoch)."""
+def shuffled(n: int, seed: int, shuffle: int, info: DistInfo) -> torch.Tensor:
+    """This rank's share of the `shuffle`-th seeded permutation of range(n) (a DistributedSampler)."""
     sampler: DistributedSampler[int] = DistributedSampler(
         range(n),  # type: ignore[arg-type]  # any sized sequence works
         num_replicas=info.world_size,
         rank=info.rank,
         shuffle=True,
-        seed=cfg.seed,
+        seed=seed,
         drop_last=False,
     )
-    sampler.set_epoch(epoch)
-    idx = torch.tensor(list(sampler), dtype=torch.long)
-    return list(torch.split(idx, cfg.batch_size))
+    sampler.set_epoch(shuffle)
+    return torch.tensor(list(sampler), dtype=torch.long)
+
+
+def epoch_indices(n: int, cfg: TrainConfig, epoch: int, info: DistInfo) -> torch.Tensor:
+    """This rank's training indices for `epoch` (0-based): a pass over one shuffle of the n images, seeded by the
+    seed and the epoch; or, with `cfg.epoch_images`, the epoch's consecutive piece of that many images of one
+    stream of such shuffles (shuffle k, then k + 1, ...), so shorter epochs still see every image once a pass.
+    """
+    if cfg.epoch_images is None:
+        return shuffled(n, cfg.seed, epoch, info)
+    per_rank = -(-cfg.epoch_images // info.world_size)  # ceil: this rank's images per epoch
+    share = -(-n // info.world_size)  # this rank's images per shuffle (DistributedSampler pads to an even split)
+    start, stop = epoch * per_rank, (epoch + 1) * per_rank
+    parts = [shuffled(n, cfg.seed, k, info) for k in range(start // share, (stop - 1) // share + 1)]
+    first = (start // share) * share
+    return torch.cat(parts)[start - first : stop - first]
+
+
+def epoch_batches(n: int, cfg: TrainConfig, epoch: int, info: DistInfo) -> list[torch.Tensor]:
+    """This rank's shuffled index batches for `epoch` (see `epoch_indices`)."""
+    return list(torch.split(epoch_indices(n, cfg, epoch, info), cfg.batch_size))
 
 
 def hold_out(split: MNISTSplit, n: int, seed: int) -> tuple[MNISTSplit, MNISTSplit | None]:
@@ -160,14 +180,21 @@ class ClassificationTask:
             self.shifts.set_state(state["shifts"])
 
 
+TaskFactory = Callable[[TrainConfig, Architecture, ClassificationData, torch.device, DistInfo], ClassificationTask]
+
+
 def mnist_trainer(
     cfg: TrainConfig,
     data_dir: str | None,
     out_dir: str | os.PathLike[str] | None,
     resume: str | None = None,
     strict_resume: bool = False,
+    make_task: TaskFactory = ClassificationTask,
 ) -> Trainer[ClassificationTask]:
-    """The Trainer of a capsnet-train run: MNIST from `data_dir`, the model `cfg` describes, seeded by `cfg.seed`."""
+    """The Trainer of a capsnet-train run: MNIST from `data_dir`, the model `cfg` describes, seeded by `cfg.seed`.
+
+    `make_task` builds the task from the loaded data (default: ClassificationTask; a subclass may judge more).
+    """
     info = init_distributed(cfg.device)
     device = resolve_device(cfg.device)
     if device.type == "cuda" and info.world_size > 1:
@@ -177,7 +204,7 @@ def mnist_trainer(
     torch.manual_seed(cfg.seed)
     model_config = model_config_for(cfg)
     model = arch.build(model_config).to(device)
-    task = ClassificationTask(cfg, arch, data, device, info)
+    task = make_task(cfg, arch, data, device, info)
     return Trainer(cfg, task, model, model_config, out_dir, resume, strict_resume, info)
 
 
@@ -265,6 +292,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--train-subset", type=int, default=None, help="train on the first N images only (default: all)")
     p.add_argument(
+        "--epoch-images",
+        type=int,
+        default=None,
+        metavar="N",
+        help="an epoch is N training images, consecutive pieces of one stream of seeded shuffles (every image "
+        "once per pass); the learning rate still decays by --lr-decay per epoch, so scale it (default: the "
+        "whole training set)",
+    )
+    p.add_argument(
         "--test-subset", type=int, default=None, help="evaluate on the first N test images only (default: all)"
     )
     p.add_argument(
@@ -284,6 +320,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.lr is not None and not args.lr > 0:
         parser.error(f"--lr must be positive, got {args.lr}")
+    if args.epoch_images is not None and args.epoch_images < 1:
+        parser.error(f"--epoch-images must be at least 1, got {args.epoch_images}")
     if args.max_minutes is not None and not args.max_minutes > 0:
         parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
     if not args.checkpoint_minutes >= 0:
@@ -305,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         epochs=args.epochs, batch_size=args.batch_size, lr=learning_rate(args), lr_decay=args.lr_decay,
         max_shift=args.max_shift, canvas=args.canvas,
         seed=args.seed, device=args.device, amp=args.amp, val_split=args.val_split, train_subset=args.train_subset,
-        test_subset=args.test_subset, dry_run=args.dry_run,
+        test_subset=args.test_subset, epoch_images=args.epoch_images, dry_run=args.dry_run,
     )  # fmt: skip
     try:
         deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes

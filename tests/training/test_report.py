@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from model.capsnet import CapsNet
+from model.baseline import BaselineConfig
+from model.capsnet import CapsNet, count_parameters
 from model.config import CapsNetConfig
 from model.losses import margin_loss, margin_loss_multi
 from service.runtime.model_dir import create_session
 from training import loop
+from training import multimnist as multimnist_module
 from training.checkpoint import save_checkpoint
 from training.data import load_split
 from training.device import resolve_device
@@ -29,7 +31,19 @@ from training.multimnist import (
     reconstruction_examples,
     top2,
 )
-from training.report import affine, baseline, build, common, models, perturbation, service_load, speed
+from training.report import (
+    affine,
+    baseline,
+    build,
+    common,
+    compute,
+    costs,
+    mnist_models,
+    models,
+    perturbation,
+    service_load,
+    speed,
+)
 from training.report import multimnist as multimnist_section
 from training.report.common import Context, Sizes
 
@@ -117,11 +131,12 @@ def test_pick_examples_prefers_correct_ones() -> None:
 
 def test_match_accuracy_compares_at_the_highest_accuracy_both_reach() -> None:
     def rows(accs: list[float]) -> list[dict[str, Any]]:
-        return [{"epoch": i + 1, "mnist_accuracy": a, "affine_accuracy": a / 2} for i, a in enumerate(accs)]
+        return [{"epoch": i + 1, "test_error": 1 - a, "affine_error": 1 - a / 2} for i, a in enumerate(accs)]
 
     matched = affine.match_accuracy({"dynamic": rows([0.9, 0.97, 0.99]), "baseline": rows([0.95, 0.98, 0.96])})
-    assert matched["target_mnist_accuracy"] == 0.98
+    assert matched is not None and matched["target_mnist_accuracy"] == pytest.approx(0.98)
     assert matched["picks"]["dynamic"]["epoch"] == 3 and matched["picks"]["baseline"]["epoch"] == 2
+    assert affine.match_accuracy({"dynamic": [], "baseline": rows([0.95])}) is None  # CapsNet has no epoch yet
 
 
 def test_time_calls_and_matmul_graph() -> None:
@@ -294,7 +309,7 @@ def test_service_section_renders_the_load_benchmarks_json(tmp_path: Path) -> Non
 
 TRAINING_SECTIONS = {
     "baseline": (baseline.run_baseline, ["baseline-mnist"]),
-    "affine": (affine.run_affine, ["affine-dynamic", "affine-baseline"]),
+    "affine": (affine.run_affine, ["affine-baseline", "affine-dynamic"]),
     "multimnist": (multimnist_section.run_multimnist, ["multimnist"]),
 }
 
@@ -323,6 +338,11 @@ def test_training_sections_stop_at_the_budget_and_continue(
         except common.Unfinished as e:
             assert ("of 2 epochs" in str(e) or "not continued" in str(e)) and "Run the same command again" in str(e)
             assert (tmp_path / "runs" / names[0] / "last.pt").is_file()
+            assert e.partial is not None  # the epochs so far, to render as partial
+            partial = e.partial[0]
+            models = partial["models"].values() if "models" in partial else [partial]
+            done = [m["progress"] for m in models]
+            assert not all(p["finished"] for p in done) and {p["epochs_planned"] for p in done} == {2}
     # One epoch per call and none of a second model after the first's: nothing was trained twice.
     assert calls == 2 * len(names)
     histories = {
@@ -382,3 +402,257 @@ def test_resuming_refuses_a_checkpoint_with_more_epochs_than_asked(synthetic_mni
     ctx.sizes = Sizes.tiny()
     with pytest.raises(common.NotMeasured, match="has 2 epochs, more than the 1 asked for"):
         baseline.run_baseline(ctx)
+
+
+# --- CPU scale: short epochs, evaluation subsets, partial results --------------------------------------------
+
+
+def test_short_epochs_keep_the_per_pass_learning_rate_decay() -> None:
+    assert compute.lr_decay_per_epoch(None, 60_000) == 0.96
+    assert compute.lr_decay_per_epoch(5_000, 60_000) ** 12 == pytest.approx(0.96)
+    assert compute.lr_decay_per_epoch(90_000, 60_000) == 0.96  # an epoch never decays more than a pass
+
+
+def test_model_costs_count_a_training_step_and_leave_the_random_state_alone() -> None:
+    state = torch.get_rng_state()
+    costs = compute.model_costs("baseline", BaselineConfig.tiny().to_dict(), (1, 28, 28))
+    assert torch.equal(torch.get_rng_state(), state)
+    # conv 1->8->8->4 (5x5, 28x28, 'same') and FC 3136->16->8->10: 2 x multiply-adds per image
+    macs = 28 * 28 * 25 * (1 * 8 + 8 * 8 + 8 * 4) + 3136 * 16 + 16 * 8 + 8 * 10
+    assert costs["inference_flops_per_image"] == 2 * macs
+    assert 2 * macs < costs["train_flops_per_image"] <= 3 * 2 * macs  # backward: at most twice the forward
+
+
+def test_multimnist_draws_composites_per_epoch_from_a_fresh_sample_of_digits(synthetic_mnist: Path) -> None:
+    train, test = load_split(synthetic_mnist, "train"), load_split(synthetic_mnist, "test")
+    cfg = multimnist_module.MultiMNISTConfig(preset="tiny", batch_size=8, composites_per_epoch=20)
+    task = multimnist_module.MultiMNISTTask(cfg, train, test, torch.device("cpu"))
+    batches = task.batches(0)
+    assert sum(len(b) for b in batches) == 20 and task.data is not None
+    first = {tuple(map(tuple, task.data.digits[:, 0, 0].reshape(20, -1)[:, :8]))}
+    task.batches(1)
+    assert task.data.labels.shape == (20, 2) and (task.data.labels[:, 0] != task.data.labels[:, 1]).all()
+    assert first != {tuple(map(tuple, task.data.digits[:, 0, 0].reshape(20, -1)[:, :8]))}  # drawn afresh
+    loop_cfg = multimnist_module.train_config(cfg, torch.device("cpu"))
+    assert loop_cfg.epoch_images == 20  # recorded in checkpoints: a run refuses to continue with another size
+
+
+def test_resuming_refuses_other_epoch_sizes(synthetic_mnist: Path, tmp_path: Path) -> None:
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.runs, ctx.sizes = tmp_path / "runs", replace(Sizes.tiny(), epoch_images=32)
+    multimnist_section.run_multimnist(ctx)
+    ctx.sizes = replace(ctx.sizes, epoch_images=16)
+    with pytest.raises(common.NotMeasured, match=r"other settings \(epoch_images, lr_decay\); remove it"):
+        multimnist_section.run_multimnist(ctx)
+
+
+def test_a_section_stopped_by_the_budget_is_saved_and_rendered_as_partial(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One epoch per call: the section shows the epochs done, says it is unfinished and how to continue."""
+    for module in (common, loop):
+        monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
+    out = tmp_path / "docs"
+    argv = [
+        "--tiny", "--data-dir", str(synthetic_mnist), "--out", str(out), "--device", "cpu", "--runs",
+        str(tmp_path / "runs"), "--sections", "baseline", "--epochs", "2", "--epoch-images", "32", "--test-images",
+        "16", "--max-minutes", "60",
+    ]  # fmt: skip
+    assert build.main(argv) == build.EXIT_UNFINISHED
+    assert "unfinished: baseline" in capsys.readouterr().err
+    saved = json.loads((out / "report" / "baseline.json").read_text())
+    assert saved["result"]["progress"] | {"train_hours": 0} == {
+        "epochs_done": 1, "epochs_planned": 2, "images_per_epoch": 32, "images_done": 32, "images_planned": 64,
+        "train_hours": 0, "finished": False,
+    }  # fmt: skip
+    assert "final" not in saved["result"]  # no confusion matrix of a model still training
+    text = (out / "REPORT.md").read_text()
+    assert "Baseline CNN: **unfinished**, 1 of 2 epochs of 32 images (32 of 64 training images)" in text
+    assert "**Partial result.**" in text and f"`{saved['command']}` continues every unfinished model" in text
+    assert "evaluated after every epoch on the first 16 test digits" in text
+    assert "report/figures/baseline_curve.png" in text and "confusion_baseline.png" not in text
+    assert build.main(argv) == 0
+    text = (out / "REPORT.md").read_text()
+    assert "Baseline CNN: finished, 2 of 2 epochs" in text and "Partial result" not in text
+    assert "report/figures/confusion_baseline.png" in text
+
+
+def test_the_affine_section_trains_the_cnn_first_and_waits_for_capsnet(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (common, loop):
+        monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.sizes = replace(Sizes.tiny(), affine_cnn_channels=(4, 4, 2), test_subset=16)
+    ctx.runs, ctx.deadline = tmp_path / "runs", time.monotonic() + 3600
+    with pytest.raises(common.Unfinished) as stopped:
+        affine.run_affine(ctx)
+    assert stopped.value.partial is not None
+    result, arrays = stopped.value.partial
+    assert result["models"]["baseline"]["model_config"]["conv_channels"] == [4, 4, 2]
+    assert result["histories"]["dynamic"] == [] and result["matched"] is None
+    row = result["histories"]["baseline"][0]
+    assert row["test_n"] == row["affine_n"] == 16 and 0 <= row["affine_error"] <= 1
+    saved = common.save_result(ctx, "affine", result, arrays)
+    text = affine.render_affine(ctx, saved, None)
+    assert "No comparison yet: CapsNet has no epoch trained." in text and "**Partial result.**" in text
+    assert "Baseline CNN (conv channels 4, 4, 2)" in text
+    assert "CapsNet: not started yet" not in text  # opened, with no epoch yet
+    assert "The epochs so far:" in text and "| Baseline CNN | 1 |" in text  # the CNN's rows, no comparison
+    del result["models"]["dynamic"]
+    assert "CapsNet: not started yet (the models train one after the other, the CNN first)." in (
+        affine.compute_paragraph(result, saved.machine)
+    )
+
+
+def test_baseline_curve_is_compared_with_capsnet_at_the_same_training_compute() -> None:
+    capsnet = baseline.cumulative([{"epoch": e, "test_error": 0.01 / e} for e in (1, 2, 3)], 1000, 10**9)
+    assert [p["pflop"] for p in capsnet] == [0.001, 0.002, 0.003]
+    assert baseline.at_compute(capsnet, 0.0015) == capsnet[1] and baseline.at_compute(capsnet, 0.004) is None
+
+
+def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: Path, tmp_path: Path) -> None:
+    rows = [{"epoch": e, "test_error": 0.02 / e, "test_n": 10000, "val_n": 16, "seconds": 1.0} for e in (1, 2)]
+    curve = tmp_path / "metrics.jsonl"
+    curve.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.capsnet_curve = curve
+    result, _ = baseline.run_baseline(ctx)
+    ref = result["capsnet"]
+    assert ref["images_per_epoch"] == len(load_split(synthetic_mnist, "train")) - 16  # less the held-out images
+    assert [r["test_error"] for r in ref["history"]] == [0.02, 0.01] and ref["train_flops_per_image"] > 0
+    text = baseline.render_baseline(ctx, common.save_result(ctx, "baseline", result, {}), None)
+    assert "| CapsNet, last epoch (epoch 2) | 8,215,568 | 1.20 | 96 | 0.00 | 1.00% | 10,000 |" in text
+    assert f"CapsNet's curve is `{curve}` (48 training images per epoch" in text
+    assert "The baseline's test error is on the first 32 test digits (standard error ±" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--epoch-images", "0"], "--epoch-images must be at least 1, got 0"),
+        (["--test-images", "-1"], "--test-images must be at least 1, got -1"),
+        (["--affine-cnn-channels", "64,64"], "expected three positive channel counts like 64,64,32, got '64,64'"),
+    ],
+)
+def test_report_cli_refuses_sizes_no_run_can_use(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        build.main(["--tiny", "--out", str(tmp_path / "docs"), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "docs").exists()
+
+
+def test_mnist_table_says_what_the_em_row_is_missing_until_an_em_model_is_bundled(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+    dynamic = {"name": "capsnet-mnist", "architecture": "dynamic", "routing": {"algorithm": "dynamic"}}
+    saved = common.save_result(ctx, "mnist_models", {"zoo": "model/zoo", "models": [dynamic]}, {})
+    text = mnist_models.render_mnist_models(ctx, saved, None)
+    assert "| EM routing (Hinton et al. 2018) | em, 3 iterations | no | not yet measured |" in text
+    assert "What is missing is a trained EM-routing model directory in `model/zoo`" in text
+    assert "capsnet-export runs/capsnet-em-small/best_val.pt --out model/zoo/capsnet-em-small" in text
+    em = {"name": "capsnet-em-small", "architecture": "em", "routing": {"algorithm": "em", "iterations": 3}}
+    saved = common.save_result(ctx, "mnist_models", {"zoo": "model/zoo", "models": [dynamic, em]}, {})
+    assert "EM routing: not yet measured" not in mnist_models.render_mnist_models(ctx, saved, None)
+
+
+@pytest.mark.parametrize("multimnist", [False, True])
+def test_costs_counts_what_the_report_trains(multimnist: bool) -> None:
+    exp = costs.Experiment("t", "dynamic", 36 if multimnist else 28, {}, multimnist=multimnist, preset="tiny")
+    row = costs.measure(exp, batch=2, seconds=0.01, amp=False)
+    size = (1, exp.canvas, exp.canvas)
+    counted = compute.model_costs("dynamic", CapsNetConfig.tiny(image_size=exp.canvas).to_dict(), size)
+    if multimnist:  # a second reconstruction per image
+        assert row["train_flops_per_image"] > counted["train_flops_per_image"]
+    else:
+        assert row["train_flops_per_image"] == counted["train_flops_per_image"]
+    assert row["images_per_s"] > 0
+    assert row["parameters"] == count_parameters(CapsNet(CapsNetConfig.tiny(image_size=exp.canvas)))
+
+
+def test_sections_say_where_their_models_trained() -> None:
+    cpu = {"cpu_model": "AMD EPYC", "cpu_count": 2, "torch_threads": 1, "nice": 19, "load_average": [12.5, 9.0, 8.0]}
+    assert compute.trained_on(cpu) == (
+        "2 CPUs (AMD EPYC), 1 torch thread, at nice 19; load average 12.5 when the result was saved"
+    )
+    assert (
+        compute.trained_on({"processor": "x86", "cpu_count": 8, "torch_threads": 8}) == "8 CPUs (x86), 8 torch threads"
+    )
+    assert compute.trained_on({**cpu, "gpu": "NVIDIA A100"}) == "a NVIDIA A100 GPU"
+
+
+def test_update_rewrites_only_the_named_sections_and_keeps_the_rest(
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "docs"
+    base = ["--tiny", "--out", str(out), "--zoo", str(tmp_path / "zoo"), "--device", "cpu"]
+    update = [*base, "--data-dir", str(synthetic_mnist), "--sections", "baseline", "--update"]
+    assert build.main(update) == 2
+    assert f"there is no {out / 'REPORT.md'}" in capsys.readouterr().err
+    assert build.main([*base, "--sections", "none"]) == 0
+    report = out / "REPORT.md"
+    hand_written = "## 8. Written by hand\n\nKept as it is.\n"
+    report.write_text(report.read_text() + "\n" + hand_written)
+    before = report.read_text()
+    assert build.main(update) == 0
+    after = report.read_text()
+    assert "baseline CNN (this run)" in after and after.endswith(hand_written)
+    assert after.split("## 2.")[0] == before.split("## 2.")[0]  # the header and section 1 untouched
+    assert after.split("## 3.")[1] == before.split("## 3.")[1]  # and everything after section 2
+    report.write_text(before.replace("## 4. MultiMNIST", "## 4. Renamed"))
+    assert build.main([*update[:-2], "multimnist", "--update"]) == 2
+    assert "has no section '## 4. MultiMNIST' to rewrite" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build.main([*base, "--sections", "none", "--update"])
+    assert "--update needs --sections naming the sections to rewrite" in capsys.readouterr().err
+
+
+def test_progress_says_how_far_a_run_got_inside_its_next_epoch(tmp_path: Path) -> None:
+    rows = [{"epoch": 1, "seconds": 1800.0}]
+    between = compute.progress(rows, 4, 100, 1000, (tmp_path, 32))  # no last.pt: nothing inside an epoch
+    assert "next_epoch" not in between and between["train_hours"] == 0.5 and between["images_done"] == 100
+    save_checkpoint(tmp_path / "last.pt", {"epoch": 1, "mid_epoch": {"step": 3, "ranks": [{"seconds": 900.0}]}})
+    inside = compute.progress(rows, 4, 100, 1000, (tmp_path, 32))
+    assert inside["next_epoch"] == {"steps_done": 3, "steps": 4, "hours": 0.25}  # ceil(100 / 32) steps per epoch
+    assert compute.progress_line("CNN", inside) == (
+        "CNN: **unfinished**, 1 of 4 epochs of 100 images (100 of 400 training images) in 0.50 h of training, "
+        "and 3 of the 4 steps of epoch 2 (0.25 h)."
+    )
+    assert "next_epoch" not in compute.progress(rows * 4, 4, 100, 1000, (tmp_path, 32))  # finished
+
+
+def test_multimnist_section_renders_a_partial_run_with_its_composites_per_epoch(
+    synthetic_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (common, loop):
+        monkeypatch.setattr(module, "within_budget", lambda deadline, last: deadline is not None and last is None)
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.sizes = replace(Sizes.tiny(), epochs=2, epoch_images=24, test_subset=16)
+    ctx.runs, ctx.deadline = tmp_path / "runs", time.monotonic() + 3600
+    with pytest.raises(common.Unfinished) as stopped:
+        multimnist_section.run_multimnist(ctx)
+    assert stopped.value.partial is not None
+    result, arrays = stopped.value.partial
+    assert result["config"]["composites_per_epoch"] == 24 and result["history"][0]["test_n"] == 16
+    text = multimnist_section.render_multimnist(ctx, common.save_result(ctx, "multimnist", result, arrays), None)
+    assert "2 epochs of 24 composites per epoch, each epoch's from 24 training digits sampled afresh" in text
+    assert (
+        "each of the first 16 test digits" in text and "CapsNet: **unfinished**, 1 of 2 epochs of 24 composites" in text
+    )
+    assert "| CapsNet (this run) | 239,008 | 1 | 24 |" in text and "**Partial result.**" in text
+
+
+def test_a_result_is_partial_while_any_of_its_models_is_unfinished(tmp_path: Path) -> None:
+    ctx = context(tmp_path)
+
+    def saved(result: dict[str, Any]) -> common.Saved:
+        return common.save_result(ctx, "affine", result, {})
+
+    assert common.is_partial(saved({"progress": {"finished": False}}))
+    assert not common.is_partial(saved({"progress": {"finished": True}}))
+    models = {"baseline": {"progress": {"finished": True}}, "dynamic": {"progress": {"finished": False}}}
+    assert common.is_partial(saved({"models": models, "histories": {}}))
+    models["dynamic"]["progress"]["finished"] = True
+    assert not common.is_partial(saved({"models": models, "histories": {}}))
+    assert not common.is_partial(saved({"models": [{"name": "capsnet-mnist"}]}))  # section 1's list of models

@@ -260,6 +260,7 @@ def test_cli_learning_rate_defaults_to_the_architectures(
         (["--epochs", "-3"], "--epochs must be at least 1, got -3"),
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
         (["--max-minutes", "0"], "--max-minutes must be positive, got 0.0"),
+        (["--epoch-images", "0"], "--epoch-images must be at least 1, got 0"),
     ],
 )
 def test_cli_usage_errors_exit_2_with_one_line(
@@ -425,3 +426,23 @@ def test_val_split_refuses_to_leave_no_training_images(synthetic_mnist: Path) ->
     split = train.load_split(str(synthetic_mnist), "train")
     with pytest.raises(ValueError, match="leaves no training images"):
         train.hold_out(split, len(split), seed=0)
+
+
+def test_short_epochs_walk_through_one_stream_of_shuffles() -> None:
+    """With --epoch-images, consecutive epochs are consecutive pieces of shuffle 0, then shuffle 1, ..."""
+    info = loop.DistInfo()
+    full = TrainConfig(seed=3)
+    stream = torch.cat([train.shuffled(10, 3, k, info) for k in range(3)])
+    assert torch.equal(train.epoch_indices(10, full, 1, info), stream[10:20])  # a whole pass per epoch, as before
+    short = TrainConfig(seed=3, epoch_images=4, batch_size=3)
+    epochs = [train.epoch_indices(10, short, e, info) for e in range(5)]
+    assert torch.equal(torch.cat(epochs), stream[:20])
+    assert sorted(torch.cat(epochs[:2]).tolist() + epochs[2][:2].tolist()) == list(range(10))  # every image once
+    assert [len(b) for b in train.epoch_batches(10, short, 2, info)] == [3, 1]
+
+
+def test_ddp_ranks_share_a_short_epoch() -> None:
+    cfg = TrainConfig(seed=0, epoch_images=5)
+    ranks = [train.epoch_indices(12, cfg, 1, loop.DistInfo(rank=r, world_size=2)) for r in range(2)]
+    assert [len(r) for r in ranks] == [3, 3]  # ceil(5 / 2) each
+    assert not set(ranks[0].tolist()) & set(ranks[1].tolist())

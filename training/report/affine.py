@@ -1,17 +1,23 @@
-"""Section 3: robustness to affine transformations (affNIST rebuilt), CapsNet against the baseline."""
+"""Section 3: robustness to affine transformations (affNIST rebuilt), CapsNet against a CNN."""
 
 from __future__ import annotations
 
 import logging
-import time
+import math
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch import nn
 
-from model.capsnet import count_parameters
+from training.architectures import Architecture
+from training.config import TrainConfig
+from training.data import MNISTSplit
 from training.evaluate import evaluate_torch
 from training.generators import AFFINE_CANVAS, AffineRanges, affine_digits, center_on_canvas, shifted_on_canvas
+from training.loop import DistInfo, Trainer
 from training.report.common import (
     Context,
     Saved,
@@ -25,80 +31,137 @@ from training.report.common import (
     rel,
     resumable_trainer,
     train_config,
+    train_images,
 )
-from training.results import EvalResult
+from training.report.compute import (
+    CHECKPOINT_MINUTES,
+    compute_sentence,
+    continue_note,
+    model_costs,
+    progress,
+    progress_line,
+    trained_on,
+)
+from training.train import ClassificationData, ClassificationTask, TaskFactory
 
 log = logging.getLogger(__name__)
 
 AFFINE_SHIFT = (AFFINE_CANVAS - 28) // 2  # 6: random placement of a 28x28 digit anywhere on 40x40
 AFFINE_TEST_SEED = 20_170_000  # the affine test set: one transformation per MNIST test digit
 PAPER_AFFINE = {"CapsNet": 79.0, "Baseline CNN": 66.0}  # accuracy on affNIST; both at ~99.2% on MNIST
+ARCHS = ("baseline", "dynamic")  # the CNN first (the cheaper): an unfinished CapsNet is compared with it as it goes
+NAMES = {"dynamic": "CapsNet", "baseline": "Baseline CNN"}
 
 
-def epoch_row(epoch: int, stats: dict[str, float], mnist: EvalResult, affine: EvalResult) -> dict[str, Any]:
-    return {
-        "epoch": epoch,
-        "train_loss": round(stats["train_loss"], 6),
-        "train_accuracy": round(stats["train_accuracy"], 6),
-        "mnist_accuracy": 1.0 - mnist.test_error,
-        "affine_accuracy": 1.0 - affine.test_error,
-        "n": mnist.n,
-    }
+class AffineTask(ClassificationTask):
+    """Shifted digits on 40x40 (`--canvas 40 --max-shift 6`), judged on the centred test digits (test_*) and on
+    their affine twins (affine_*) after every epoch."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        arch: Architecture,
+        data: ClassificationData,
+        device: torch.device,
+        info: DistInfo,
+        affine: MNISTSplit,
+    ) -> None:
+        super().__init__(cfg, arch, data, device, info)
+        self.affine = affine
+
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
+        row = super().evaluate(model, max_batches)
+        result = evaluate_torch(model, self.arch, self.affine, self.device, self.cfg.eval_batch_size, max_batches)
+        return row | {"affine_loss": round(result.loss, 6), "affine_error": result.test_error, "affine_n": result.n}
 
 
-def match_accuracy(histories: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The highest MNIST accuracy every model reaches, and each model's first epoch at or above it (§5.2)."""
-    target = min(max(row["mnist_accuracy"] for row in rows) for rows in histories.values())
-    picks = {arch: next(row for row in rows if row["mnist_accuracy"] >= target) for arch, rows in histories.items()}
+def affine_task(affine: MNISTSplit) -> TaskFactory:
+    """A TaskFactory for `mnist_trainer` that judges on `affine` too."""
+
+    def make(
+        cfg: TrainConfig, arch: Architecture, data: ClassificationData, device: torch.device, info: DistInfo
+    ) -> ClassificationTask:
+        return AffineTask(cfg, arch, data, device, info, affine)
+
+    return make
+
+
+def accuracy(row: dict[str, Any], key: str) -> float:
+    return 1.0 - float(row[f"{key}_error"])
+
+
+def match_accuracy(histories: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The highest MNIST accuracy every model reaches, and each model's first epoch at or above it (§5.2).
+
+    None until every model has an epoch.
+    """
+    if not histories or not all(histories.values()):
+        return None
+    target = min(max(accuracy(row, "test") for row in rows) for rows in histories.values())
+    picks = {arch: next(r for r in rows if accuracy(r, "test") >= target) for arch, rows in histories.items()}
     return {"target_mnist_accuracy": target, "picks": picks}
 
 
-def run_affine(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    test = ctx.split("test")
-    ranges = AffineRanges()
-    affine = affine_digits(test.images, test.labels, AFFINE_TEST_SEED + ctx.seed, ranges)
-    histories: dict[str, list[dict[str, Any]]] = {}
-    models: dict[str, dict[str, Any]] = {}
-    for arch in ("dynamic", "baseline"):
-        cfg = train_config(ctx, arch, canvas=AFFINE_CANVAS, max_shift=AFFINE_SHIFT)
-        name = f"affine-{arch}"
-        ctx.check_budget(name, None, cfg.epochs, None)
-        trainer = resumable_trainer(ctx, name, cfg)  # its history holds the rows below
-        last_seconds: float | None = None
-        while not trainer.finished:
-            ctx.check_budget(name, trainer.epoch, cfg.epochs, last_seconds)
-            start = time.perf_counter()
-            stats = trainer.train_epoch()
-            trainer.epoch += 1
-            task = trainer.task
-            mnist = evaluate_torch(trainer.model, task.arch, task.test_split, trainer.device, cfg.eval_batch_size)
-            aff = evaluate_torch(trainer.model, task.arch, affine.split, trainer.device, cfg.eval_batch_size)
-            last_seconds = time.perf_counter() - start
-            ctx.trained(last_seconds)
-            trainer.history.append({**epoch_row(trainer.epoch, stats, mnist, aff), "seconds": round(last_seconds, 2)})
-            trainer.save_last()
-            log.info("affine %s epoch %d: %s", arch, trainer.epoch, trainer.history[-1])
-        histories[arch] = trainer.history
-        models[arch] = {
-            "train_config": asdict(cfg),
-            "model_config": trainer.model_config,
-            "parameters": count_parameters(trainer.model),
-        }
+def affine_config(ctx: Context, arch: str) -> TrainConfig:
+    """The training protocol of §5.2 for `arch`: digits placed anywhere on 40x40; the CNN's channels from sizes."""
+    overrides: dict[str, Any] = {}
+    if arch == "baseline" and ctx.sizes.affine_cnn_channels is not None:
+        overrides["model_overrides"] = {"conv_channels": tuple(ctx.sizes.affine_cnn_channels)}
+    return train_config(ctx, arch, canvas=AFFINE_CANVAS, max_shift=AFFINE_SHIFT, **overrides)
+
+
+def model_entry(ctx: Context, cfg: TrainConfig, trainer: Trainer[ClassificationTask]) -> dict[str, Any]:
+    return {
+        "train_config": asdict(cfg),
+        "model_config": trainer.model_config,
+        **model_costs(cfg.arch, trainer.model_config, (1, cfg.canvas, cfg.canvas)),
+        "progress": progress(
+            trainer.history, cfg.epochs, cfg.epoch_images, train_images(ctx), (trainer.out, cfg.batch_size)
+        ),
+    }
+
+
+def example_arrays(ctx: Context, test: MNISTSplit, affine: MNISTSplit) -> dict[str, np.ndarray]:
     k = ctx.sizes.examples
     shifted, _ = shifted_on_canvas(test.images[:k], ctx.seed)
-    arrays = {
+    return {
         "centred": center_on_canvas(test.images[:k])[:, 0],
         "shifted": shifted[:, 0],
         "affine": affine.images[:k, 0],
     }
-    result = {
-        "ranges": asdict(ranges),
-        "test_seed": AFFINE_TEST_SEED + ctx.seed,
-        "models": models,
-        "histories": histories,
-        "matched": match_accuracy(histories),
-    }
-    return result, arrays
+
+
+def run_affine(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Train the CNN, then CapsNet, each evaluated after every epoch; raises Unfinished with the result so far."""
+    test = ctx.split("test")
+    ranges = AffineRanges()
+    affine = affine_digits(test.images, test.labels, AFFINE_TEST_SEED + ctx.seed, ranges).split
+    result: dict[str, Any] = {
+        "ranges": asdict(ranges), "test_seed": AFFINE_TEST_SEED + ctx.seed, "train_digits": train_images(ctx),
+        "models": {}, "histories": {}, "matched": None,
+    }  # fmt: skip
+    arrays = example_arrays(ctx, test, affine)
+
+    def so_far() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        return {**result, "matched": match_accuracy({a: result["histories"].get(a, []) for a in ARCHS})}, arrays
+
+    for arch in ARCHS:
+        cfg = affine_config(ctx, arch)
+        name = f"affine-{arch}"
+        trainer = resumable_trainer(ctx, name, cfg, affine_task(affine))  # its history holds the epochs so far
+        result["models"][arch] = model_entry(ctx, cfg, trainer)
+        result["histories"][arch] = trainer.history
+        if trainer.finished:
+            continue
+        ctx.check_budget(name, trainer.epoch, cfg.epochs, None, so_far())
+        already = trainer.epoch
+        trainer.fit(ctx.deadline, CHECKPOINT_MINUTES)
+        for row in trainer.history[already:]:
+            ctx.trained(row["seconds"])
+        result["models"][arch] = model_entry(ctx, cfg, trainer)
+        if not trainer.finished:
+            ctx.check_budget(name, trainer.epoch, cfg.epochs, math.inf, so_far())
+    return so_far()
 
 
 def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
@@ -125,31 +188,26 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
         paper = ", ".join(f"{k} {v:.0f}%" for k, v in PAPER_AFFINE.items())
         return not_measured(out, reason, f"The paper's affNIST accuracy: {paper}.")
     res = saved.result
-    matched = res["matched"]
-    names = {"dynamic": "CapsNet", "baseline": "Baseline CNN"}
-    rows = []
-    for arch, pick in matched["picks"].items():
-        rows.append(
-            [
-                names.get(arch, arch),
-                f"{res['models'][arch]['parameters']:,}",
-                pick["epoch"],
-                pct(pick["mnist_accuracy"]),
-                pct(pick["affine_accuracy"]),
-                f"{PAPER_AFFINE[names[arch]]:.0f}%" if arch in names else "—",
-            ]
-        )
-    headers = ["model", "parameters", "epoch", "MNIST (40×40) accuracy", "affine accuracy", "paper (affNIST)"]
-    out += [md_table(headers, rows), "", f"Matched MNIST accuracy: {pct(matched['target_mnist_accuracy'])}.", ""]
+    out += [compute_paragraph(res, saved.machine), ""]
+    matched = res.get("matched")
+    waiting = [NAMES[a] for a in ARCHS if not res["histories"].get(a)]
+    if waiting or matched is None:
+        verb = "has" if len(waiting) == 1 else "have"
+        out += [f"No comparison yet: {' and '.join(waiting)} {verb} no epoch trained.", ""]
+        rows = [
+            [NAMES[a], h["epoch"], pct(accuracy(h, "test")), pct(accuracy(h, "affine")), f"{h['affine_n']:,}"]
+            for a in ARCHS
+            for h in res["histories"].get(a, [])
+        ]
+        if rows:
+            headers = ["model", "epoch", "MNIST (40×40) accuracy", "affine accuracy", "test n"]
+            out += ["The epochs so far:", "", md_table(headers, rows), ""]
+    else:
+        out += [md_table(*matched_table(res, matched)), ""]
+        out += [f"Matched MNIST accuracy: {pct(matched['target_mnist_accuracy'])}.", ""]
     out += [provenance(saved), ""]
     curve = ctx.figures / "affine_vs_mnist.png"
-    with figure(curve, figsize=(5, 4)) as fig:
-        ax = fig.subplots()
-        for arch, hist in res["histories"].items():
-            ax.plot([100 * h["mnist_accuracy"] for h in hist], [100 * h["affine_accuracy"] for h in hist], "o-",
-                    label=names.get(arch, arch))  # fmt: skip
-        ax.set(xlabel="MNIST (40×40) test accuracy (%)", ylabel="affine test accuracy (%)", title="one point per epoch")
-        ax.legend()
+    affine_figure(curve, res["histories"])
     out.append(f"![affine accuracy against MNIST accuracy]({rel(ctx, curve)})")
     if saved.arrays:
         grid = np.stack([saved.arrays["centred"], saved.arrays["shifted"], saved.arrays["affine"]])
@@ -158,7 +216,59 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
             path, grid, "test digits: centred, shifted (training protocol), affine", ["centred", "shifted", "affine"]
         )
         out.append(f"![affine examples]({rel(ctx, path)})")
-    return "\n".join([*out, ""])
+    out.append("")
+    if any(not m["progress"]["finished"] for m in res["models"].values() if "progress" in m):
+        out += [continue_note(saved.command), ""]
+    return "\n".join(out)
+
+
+def compute_paragraph(res: dict[str, Any], machine: dict[str, Any]) -> str:
+    """What each model was given and how far it got."""
+    lines = []
+    for arch in ARCHS:
+        m = res["models"].get(arch)
+        if m is None or "progress" not in m:
+            lines.append(f"{NAMES[arch]}: not started yet (the models train one after the other, the CNN first).")
+            continue
+        channels = m["model_config"].get("conv_channels")
+        shape = f" (conv channels {', '.join(map(str, channels))})" if channels else ""
+        given = compute_sentence(m["train_config"], res["train_digits"], m)
+        lines.append(
+            f"{NAMES[arch]}{shape}, {m['parameters']:,} parameters: {given}. "
+            + progress_line(NAMES[arch], m["progress"])
+        )
+    return (
+        f"**Compute.** Trained on {trained_on(machine)}. The paper trained both models to about 99.2% on the "
+        "expanded MNIST test set and tested them on affNIST's test set. " + " ".join(lines)
+    )
+
+
+def matched_table(res: dict[str, Any], matched: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    rows = []
+    for arch, pick in matched["picks"].items():
+        m = res["models"][arch]
+        rows.append(
+            [
+                NAMES[arch], f"{m['parameters']:,}", f"{m.get('inference_flops_per_image', 0) / 1e9:.2f}",
+                pick["epoch"], pct(accuracy(pick, "test")), pct(accuracy(pick, "affine")), f"{pick['affine_n']:,}",
+                f"{PAPER_AFFINE[NAMES[arch]]:.0f}%",
+            ]
+        )  # fmt: skip
+    headers = [
+        "model", "parameters", "GFLOP / image", "epoch", "MNIST (40×40) accuracy", "affine accuracy", "test n",
+        "paper (affNIST)",
+    ]  # fmt: skip
+    return headers, rows
+
+
+def affine_figure(path: Path, histories: dict[str, list[dict[str, Any]]]) -> None:
+    with figure(path, figsize=(5, 4)) as fig:
+        ax = fig.subplots()
+        for arch, hist in histories.items():
+            ax.plot([100 * accuracy(h, "test") for h in hist], [100 * accuracy(h, "affine") for h in hist], "o-",
+                    label=NAMES.get(arch, arch))  # fmt: skip
+        ax.set(xlabel="MNIST (40×40) test accuracy (%)", ylabel="affine test accuracy (%)", title="one point per epoch")
+        ax.legend()
 
 
 SECTION = Section("affine", run_affine, render_affine)

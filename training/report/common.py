@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +23,8 @@ from training.config import TrainConfig
 from training.data import MNISTSplit, load_split
 from training.loop import Trainer, within_budget
 from training.machine import machine_description
-from training.train import ClassificationTask, mnist_trainer
+from training.report.compute import lr_decay_per_epoch
+from training.train import ClassificationTask, TaskFactory, mnist_trainer
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,14 @@ class NotMeasured(Exception):
 
 
 class Unfinished(Exception):
-    """A training section stopped at the time budget (`--max-minutes`); its progress is kept under --runs."""
+    """A training section stopped at the time budget (`--max-minutes`); its progress is kept under --runs.
+
+    `partial` is the section's result so far (result, arrays), rendered as partial; None when nothing is trained.
+    """
+
+    def __init__(self, message: str, partial: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,9 @@ class Sizes:
     batch_size: int = 128
     eval_batch_size: int = 500
     train_subset: int | None = None
-    test_subset: int | None = None
+    test_subset: int | None = None  # evaluate on the first N test digits (None: all 10,000)
+    epoch_images: int | None = None  # an epoch is N training images (None: the whole set, as in the paper)
+    affine_cnn_channels: tuple[int, ...] | None = None  # the affine section's CNN (None: the paper baseline's)
     multimnist_test_pairs: int = 1  # composites per test digit
     batches: tuple[int, ...] = (1, 8, 32, 128, 256)
     speed_seconds: float = 2.0  # per (runtime, batch) measurement
@@ -77,6 +88,7 @@ class Context:
     runs: Path | None = None  # where trained models keep checkpoints and metrics (None: nowhere)
     amp: bool = False  # bfloat16 autocast of the convolutions (training.train)
     deadline: float | None = None  # time.monotonic() by which training sections stop (--max-minutes)
+    capsnet_curve: Path | None = None  # a capsnet-train metrics.jsonl drawn beside the baseline's curve
     fresh: dict[str, Path] = field(default_factory=dict)
     unfinished: list[str] = field(default_factory=list)
     longest_epoch: float | None = None  # seconds, of any epoch trained in this call (to judge starting another model)
@@ -89,8 +101,15 @@ class Context:
         """Where the trained model `name` keeps last.pt between calls (None without --runs)."""
         return self.runs / name if self.runs else None
 
-    def check_budget(self, name: str, done: int | None, total: int, last_epoch_seconds: float | None) -> None:
-        """Raise Unfinished when the next epoch of `name` would overrun the budget, or it is already spent.
+    def check_budget(
+        self,
+        name: str,
+        done: int | None,
+        total: int,
+        last_epoch_seconds: float | None,
+        partial: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None,
+    ) -> None:
+        """Raise Unfinished (carrying `partial`) when the next epoch of `name` would overrun the budget, or it is spent.
 
         `done` is the epochs trained so far (None: not known yet, before the run is opened). Before a model's
         first epoch in this call (`last_epoch_seconds` None) the longest epoch trained so far in this call, of
@@ -105,7 +124,8 @@ class Context:
             progress = "not continued" if done is None else f"{done} of {total} epochs trained"
             raise Unfinished(
                 f"{name}: {progress} when the time budget ran out; the progress is kept in {where}. "
-                "Run the same command again to continue."
+                "Run the same command again to continue.",
+                partial,
             )
 
     @property
@@ -171,10 +191,21 @@ def load_result(ctx: Context, section: str) -> Saved | None:
     return Saved(d["section"], d["produced_at"], d["command"], d["tiny"], d["machine"], d["result"], arrays)
 
 
+def is_partial(saved: Saved) -> bool:
+    """Whether a saved result is of a training that has not reached its planned epochs yet: its `progress`, or
+    that of any of its `models` (the affine section's), says it has not finished."""
+    r = saved.result
+    models = r.get("models")
+    by_model = models.values() if isinstance(models, dict) else []
+    progresses = [r.get("progress"), *(m.get("progress") for m in by_model if isinstance(m, dict))]
+    return any(isinstance(p, dict) and not p.get("finished", True) for p in progresses)
+
+
 def machine_info(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = dict(machine_description(device))
     info["cpu_model"] = cpu_model()
     info["load_average"] = load_average()
+    info["nice"] = os.nice(0) if hasattr(os, "nice") else None
     return info
 
 
@@ -284,16 +315,26 @@ def rel(ctx: Context, path: Path) -> str:
     return path.relative_to(ctx.out).as_posix()
 
 
+def train_images(ctx: Context) -> int:
+    """How many training digits the sections train on (60,000, or the subset of --tiny)."""
+    return len(ctx.split("train"))
+
+
 def train_config(ctx: Context, arch: str, **overrides: Any) -> TrainConfig:
+    """The section's training settings: the sizes', with the learning rate decaying 0.96 per pass over the data
+    (per epoch when an epoch is the whole set, as in the paper; proportionally less per shorter epoch)."""
     s = ctx.sizes
     base = TrainConfig(
         arch=arch, preset=s.preset, epochs=s.epochs, batch_size=s.batch_size, seed=ctx.seed, device=str(ctx.device),
         train_subset=s.train_subset, test_subset=s.test_subset, eval_batch_size=s.eval_batch_size, amp=ctx.amp,
+        epoch_images=s.epoch_images, lr_decay=lr_decay_per_epoch(s.epoch_images, train_images(ctx)),
     )  # fmt: skip
     return replace(base, **overrides)
 
 
-def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer[ClassificationTask]:
+def resumable_trainer(
+    ctx: Context, name: str, cfg: TrainConfig, make_task: TaskFactory = ClassificationTask
+) -> Trainer[ClassificationTask]:
     """A Trainer for `name`, continued from <runs>/<name>/last.pt when an earlier call left one."""
     out = ctx.run_dir(name)
     last = out / "last.pt" if out is not None else None
@@ -301,7 +342,7 @@ def resumable_trainer(ctx: Context, name: str, cfg: TrainConfig) -> Trainer[Clas
     if resume:
         log.info("continuing %s from %s", name, resume)
     try:
-        return mnist_trainer(cfg, ctx.data_dir, out, resume=resume, strict_resume=True)
+        return mnist_trainer(cfg, ctx.data_dir, out, resume=resume, strict_resume=True, make_task=make_task)
     except CheckpointMismatch as e:
         raise NotMeasured(str(e)) from e
 

@@ -35,6 +35,23 @@ PAPER_MNIST = [
 ]
 
 
+EM_MISSING = "\n".join(
+    [
+        "**EM routing: not yet measured.** What is missing is a trained EM-routing model directory in `model/zoo` "
+        "(a card with architecture `em`): the EM network is not yet trained to a useful accuracy on this machine "
+        "(#9; docs/em-routing.md). Once a run has finished, these commands add its row and its confusion matrix "
+        "(the first repeated until it exits 0, adding `--resume runs/capsnet-em-small/last.pt` after the first call):",
+        "",
+        "```bash",
+        "capsnet-train --arch em --preset small --data-dir ../shared/data/mnist --out runs/capsnet-em-small \\",
+        "    --epochs 30 --batch-size 32 --val-split 5000 --max-minutes 30",
+        "capsnet-export runs/capsnet-em-small/best_val.pt --out model/zoo/capsnet-em-small",
+        "python -m training.report --data-dir ../shared/data/mnist --sections mnist_models",
+        "```",
+    ]
+)
+
+
 def run_mnist_models(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     models = []
     test = None
@@ -112,7 +129,12 @@ def render_mnist_models(ctx: Context, saved: Saved | None, reason: str | None) -
             figs.append(f"- {m['name']}: confusion matrix not measured: {m['evaluation_error']}")
     if not rows:
         out += [f"No bundled models in `{saved.result['zoo']}` yet (write one with `capsnet-export`).", ""]
+    has_em = any(m.get("architecture") == "em" for m in saved.result["models"])
+    if not has_em:
+        rows.append(["EM routing (Hinton et al. 2018)", "em, 3 iterations", "no", "not yet measured", "", "—", "—"])
     out += [md_table(headers, rows + paper_rows), "", provenance(saved), "", *figs, ""]
+    if not has_em:
+        out += [EM_MISSING, ""]
     return "\n".join(out)
 
 

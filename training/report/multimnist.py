@@ -8,21 +8,33 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
+import torch
 
-from model.capsnet import count_parameters
+from model.capsnet import CapsNet, count_parameters
+from model.config import CapsNetConfig
 from training.checkpoint import CheckpointMismatch
-from training.multimnist import MultiMNISTConfig, reconstruction_examples, train_multimnist
+from training.multimnist import MultiMNISTConfig, multimnist_loss, reconstruction_examples, train_multimnist
 from training.report.common import (
     Context,
     NotMeasured,
     Saved,
     Section,
+    figure,
     image_grid,
     md_table,
     not_measured,
     pct,
     provenance,
     rel,
+)
+from training.report.compute import (
+    CHECKPOINT_MINUTES,
+    continue_note,
+    count_flops,
+    lr_decay_per_epoch,
+    progress,
+    progress_line,
+    trained_on,
 )
 
 log = logging.getLogger(__name__)
@@ -36,25 +48,56 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
     cfg = MultiMNISTConfig(
         preset=s.preset, epochs=s.epochs, batch_size=s.batch_size, seed=ctx.seed,
         test_pairs_per_digit=s.multimnist_test_pairs, eval_batch_size=s.eval_batch_size,
+        composites_per_epoch=s.epoch_images, amp=ctx.amp, lr_decay=lr_decay_per_epoch(s.epoch_images, len(train)),
     )  # fmt: skip
     ctx.check_budget("multimnist", None, cfg.epochs, None)
     out = ctx.run_dir("multimnist")
     try:
-        model, history, test_data = train_multimnist(cfg, train, test, ctx.device, out, ctx.deadline)
+        model, history, test_data = train_multimnist(
+            cfg, train, test, ctx.device, out, ctx.deadline, CHECKPOINT_MINUTES
+        )
     except CheckpointMismatch as e:
         raise NotMeasured(str(e)) from e
-    if len(history) < cfg.epochs:  # (the last training section: no later model needs ctx.trained())
-        ctx.check_budget("multimnist", len(history), cfg.epochs, math.inf)
     examples = reconstruction_examples(model, test_data, ctx.device, 2 * s.examples)
     result = {
         "config": asdict(cfg),
         "model_config": model.cfg.to_dict(),
         "parameters": count_parameters(model),
+        **multimnist_costs(model.cfg.to_dict()),
+        "train_digits": len(train),
+        "test_digits": len(test),
         "history": history,
+        "progress": progress(history, cfg.epochs, cfg.composites_per_epoch, len(train), (out, cfg.batch_size)),
         "test_error": history[-1]["test_error"] if history else None,
         "test_n": history[-1]["test_n"] if history else 0,
     }
+    if len(history) < cfg.epochs:  # (the last training section: no later model needs ctx.trained())
+        ctx.check_budget("multimnist", len(history), cfg.epochs, math.inf, (result, examples))
     return result, examples
+
+
+def multimnist_costs(model_config: dict[str, Any]) -> dict[str, int]:
+    """FLOPs per composite of a training step (two-label margin loss, one reconstruction per digit) and inference."""
+    with torch.random.fork_rng(devices=[]):  # the training that goes on after this is not disturbed
+        torch.manual_seed(0)
+        model = CapsNet(CapsNetConfig.from_dict(model_config))
+        size = model.cfg.image_size
+        images, digits = torch.rand(2, 1, size, size), torch.rand(2, 2, 1, size, size)
+    labels = torch.tensor([[0, 1], [2, 3]])
+
+    def train_step() -> None:
+        model.train()
+        multimnist_loss(model, images, labels, digits)[0].backward()
+
+    def inference() -> None:
+        model.eval()
+        with torch.no_grad():
+            model.encode(images)
+
+    return {
+        "train_flops_per_image": count_flops(train_step) // 2,
+        "inference_flops_per_image": count_flops(inference) // 2,
+    }
 
 
 def overlay(red: np.ndarray, green: np.ndarray) -> np.ndarray:
@@ -78,14 +121,28 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
         paper = ", ".join(f"{k} {v:.1f}%" for k, v in PAPER_MULTIMNIST.items())
         return not_measured(out, reason, f"The paper's error: {paper}.")
     r = saved.result
-    rows = [
-        ["CapsNet (this run)", f"{r['parameters']:,}", r["config"]["epochs"], pct(r["test_error"]), f"{r['test_n']:,}"],
-        *[[f"{k} (paper)", "—", "—", f"{v:.1f}%", "—"] for k, v in PAPER_MULTIMNIST.items()],
+    prog = r.get("progress")
+    if prog:
+        out += [compute_paragraph(r, prog, saved.machine), ""]
+    composites = f"{prog['images_done']:,}" if prog else "—"
+    epochs = len(r["history"])
+    rows: list[list[Any]] = [
+        ["CapsNet (this run)", f"{r['parameters']:,}", epochs, composites, pct(r["test_error"]), f"{r['test_n']:,}"],
+        *[[f"{k} (paper)", "—", "—", "60,000,000", f"{v:.1f}%", "10,000,000"] for k, v in PAPER_MULTIMNIST.items()],
     ]
-    out += [md_table(["model", "parameters", "epochs", "two-digit error", "test composites"], rows), ""]
-    out += [provenance(saved), ""]
+    headers = ["model", "parameters", "epochs", "training composites", "two-digit error", "test composites"]
+    out += [md_table(headers, rows), "", provenance(saved), ""]
+    if r["history"]:
+        curve = ctx.figures / "multimnist_curve.png"
+        with figure(curve, figsize=(5, 3.5)) as fig:
+            ax = fig.subplots()
+            per_epoch = prog["images_per_epoch"] if prog else 0
+            ax.plot([h["epoch"] * per_epoch for h in r["history"]], [100 * h["test_error"] for h in r["history"]], "o-")
+            ax.set(xlabel="training composites seen", ylabel="two-digit test error (%)", title="CapsNet on MultiMNIST")
+            ax.grid(True, alpha=0.3)
+        out += [f"![MultiMNIST test error by training composites]({rel(ctx, curve)})", ""]
     a = saved.arrays
-    if a:
+    if a and r["history"]:  # (an untrained model's reconstructions show nothing)
         n = len(a["inputs"])
         cols = [
             np.repeat(a["inputs"][..., None], 3, axis=-1),
@@ -108,7 +165,32 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
             ["input", "digits", "recon (L)", "recon (R)"],
         )
         out += [f"![MultiMNIST reconstructions]({rel(ctx, path)})", ""]
+    if prog and not prog["finished"]:
+        out += [continue_note(saved.command), ""]
     return "\n".join(out)
+
+
+def compute_paragraph(r: dict[str, Any], prog: dict[str, Any], machine: dict[str, Any]) -> str:
+    cfg = r["config"]
+    per_epoch = cfg.get("composites_per_epoch") or r["train_digits"]
+    precision = "bfloat16 convolutions (autocast)" if cfg.get("amp") else "float32"
+    source = (
+        f"{per_epoch:,} composites per epoch, each epoch's from {per_epoch:,} training digits sampled afresh "
+        "(bases and partners among them)"
+        if cfg.get("composites_per_epoch")
+        else f"one composite per training digit ({per_epoch:,}) per epoch"
+    )
+    return (
+        f"**Compute.** Trained on {trained_on(machine)}: "
+        f"{cfg['epochs']} epochs of {source}, batch {cfg['batch_size']}, {precision}, Adam lr {cfg['lr']:g} "
+        "decaying by "
+        f"{cfg['lr_decay']:.5g} per epoch (0.96 per 60,000 composites); tested after every epoch on "
+        f"{cfg['test_pairs_per_digit']} composite(s) of each of the first {r.get('test_digits', r['test_n']):,} test "
+        "digits; "
+        f"{r['train_flops_per_image'] / 1e9:.2f} GFLOP per training composite. "
+        f"{progress_line('CapsNet', prog, 'composites')} "
+        "The paper: 60M training composites (1,000 per training digit) and 10M test composites."
+    )
 
 
 SECTION = Section("multimnist", run_multimnist, render_multimnist)
