@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from model.config import EMCapsNetConfig
-from model.em import EPS, RoutingGeometry, inverse_temperatures
+from model.em_routing import EPS, RoutingGeometry, inverse_temperatures
 
 
 def normalise(logits: torch.Tensor, geometry: RoutingGeometry, child_positions: int) -> torch.Tensor:

@@ -15,18 +15,8 @@ import torch
 import model.em as em_module
 from model.capsnet import count_parameters
 from model.config import EMCapsNetConfig
-from model.em import (
-    WORKSPACE,
-    EMCapsNet,
-    RoutingGeometry,
-    Workspace,
-    em_layer,
-    em_routing,
-    inverse_temperatures,
-    kron_weight,
-    receptive_field_centres,
-    votes_plain,
-)
+from model.em import WORKSPACE, EMCapsNet, Workspace, em_layer, em_routing, receptive_field_centres
+from model.em_routing import RoutingGeometry, inverse_temperatures, kron_weight, votes_plain
 from model.losses import spread_loss, spread_margin
 from training import train
 from training.architectures import get_architecture
