@@ -1,10 +1,7 @@
 """Multipart bodies parsed in memory into (field name, filename, bytes): no temporary files, no form objects.
 
 The body has already been read whole (the service's body limit bounds it), so each part is a slice of it; the
-messages for malformed bodies are Starlette's, so clients see the same errors as from `request.form()`. A body
-in the plain form that clients send (no preamble, `Name: value` header lines) is split with a few `find`s
-(`plain_parts`); any other goes through python-multipart's parser (`parse_parts`), which answers every body
-the same way as before, so the split only ever changes the speed.
+messages for malformed bodies are Starlette's, so clients see the same errors as from `request.form()`.
 """
 
 from __future__ import annotations
@@ -12,13 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from python_multipart.exceptions import FormParserError
-from python_multipart.multipart import (
-    DEFAULT_MAX_HEADER_COUNT,
-    DEFAULT_MAX_HEADER_SIZE,
-    TOKEN_CHARS,
-    MultipartParser,
-    parse_options_header,
-)
+from python_multipart.multipart import MultipartParser, parse_options_header
 
 
 class MalformedMultipart(ValueError):
@@ -83,12 +74,6 @@ def parse_multipart(content_type: str, body: bytes) -> list[Part]:
     boundary = params.get(b"boundary")
     if not boundary:
         raise MalformedMultipart("Missing boundary in multipart.")
-    parts = plain_parts(boundary, body)
-    return parts if parts is not None else parse_parts(boundary, body)
-
-
-def parse_parts(boundary: bytes, body: bytes) -> list[Part]:
-    """Every part of `body` by python-multipart's parser (any body; MalformedMultipart when it does not parse)."""
     collector = _Collector()
     parser = MultipartParser(
         boundary,
@@ -107,55 +92,3 @@ def parse_parts(boundary: bytes, body: bytes) -> list[Part]:
     except FormParserError as e:
         raise MalformedMultipart("Invalid multipart data.") from e
     return collector.parts
-
-
-def plain_parts(boundary: bytes, body: bytes) -> list[Part] | None:
-    """The parts of a body in the plain form, as `parse_parts` gives them; None for a body in any other form.
-
-    Plain: `--boundary CRLF`, then parts separated by `CRLF --boundary CRLF` and closed by `CRLF --boundary--`
-    (and at most a CRLF); each part has `Name: value` header lines (token names, values free of CR and LF, within
-    python-multipart's limits of count and size), a named Content-Disposition among them, a blank line, data.
-    """
-    dash = b"--" + boundary
-    delimiter = b"\r\n" + dash
-    if not body.startswith(dash + b"\r\n"):
-        return None
-    parts, start = [], len(dash) + 2
-    while (end := body.find(delimiter, start)) >= 0:
-        part = _plain_part(body, start, end)
-        if part is None:
-            return None
-        parts.append(part)
-        after = end + len(delimiter)
-        if body.startswith(b"--", after):
-            return parts if body[after + 2 :] in (b"", b"\r\n") else None
-        if not body.startswith(b"\r\n", after):
-            return None
-        start = after + 2
-    return None
-
-
-def _plain_part(body: bytes, start: int, end: int) -> Part | None:
-    """The part in body[start:end] if its headers are plain (see `plain_parts`), else None."""
-    head_end = body.find(b"\r\n\r\n", start, end)
-    if head_end <= start:
-        return None
-    lines = body[start:head_end].split(b"\r\n")
-    if len(lines) > DEFAULT_MAX_HEADER_COUNT:
-        return None
-    disposition = None
-    for line in lines:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name.translate(None, TOKEN_CHARS) or len(line) > DEFAULT_MAX_HEADER_SIZE:
-            return None
-        if b"\r" in value or b"\n" in value:
-            return None
-        if name.lower() == b"content-disposition":
-            disposition = value.lstrip(b" ")
-    if disposition is None:
-        return None
-    _, options = parse_options_header(disposition)
-    if b"name" not in options:
-        return None
-    filename = None if b"filename" not in options else _decode(options[b"filename"])
-    return Part(_decode(options[b"name"]), filename, bytearray(body[head_end + 4 : end]))
