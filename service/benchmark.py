@@ -2,10 +2,10 @@
 
 Runs, in one go: each model's `capsnet.onnx` in ONNX Runtime directly (batch 1 … 128, with the service's own
 session options); a real `capsnet-serve` process over the whole repository, driven with one image per request
-(v1 multipart PNG, v1 base64 JSON, v2 JSON tensors, v2 binary tensors) by the built-in Python client and by
-`hey` and `wrk` where they are installed, each level alternating with raw ONNX Runtime so both see the same
-machine; the server's CPU time per request beside raw ONNX Runtime's CPU time per image; and raw ONNX Runtime's
-FLOP rate as a share of this machine's large float32 GEMM rate.
+(v1 multipart PNG, v1 base64 JSON, v2 JSON tensors, v2 binary tensors; gRPC ModelInfer) by the built-in Python
+client and by `hey` and `wrk` (HTTP) and `h2load` (gRPC) where they are installed, each level alternating with raw
+ONNX Runtime so both see the same machine; the server's CPU time per request beside raw ONNX Runtime's CPU time per
+image; and raw ONNX Runtime's FLOP rate as a share of this machine's large float32 GEMM rate.
 
     python -m service.benchmark [--model-repository DIR] [--models A,B] [--kinds ...] [--drivers ...]
 """
@@ -32,7 +32,7 @@ import onnxruntime as ort
 
 from service.core.config import Settings, cgroup_cpu_limit
 from service.flops import GemmProbe, onnx_flops_per_image
-from service.loadgen import DRIVERS, KINDS, LoadResult, available_drivers, payload, run_load
+from service.loadgen import DRIVERS, KINDS, LoadResult, available_drivers, drives, grpc_failures, payload, run_load
 from service.machine import cpu_busy_percent, cpu_model, load_average
 from service.runtime.model_dir import GRAPH_FILE, ModelCard, create_session
 from service.runtime.repository import scan_repository
@@ -56,8 +56,8 @@ class RawRow:
 @dataclass
 class HttpRow:
     model: str
-    kind: str  # v1-png, v1-json, v2-json, v2-binary
-    driver: str  # python, hey, wrk
+    kind: str  # v1-png, v1-json, v2-json, v2-binary, grpc
+    driver: str  # python, hey, wrk, h2load
     concurrency: int
     requests: int
     errors: int
@@ -171,7 +171,7 @@ class Level:
 
 def paired_level(
     session: ort.InferenceSession, best_batch: int, server: subprocess.Popen[bytes], port: int, level: Level,
-    rounds: int, window: float,
+    rounds: int, window: float, metrics_url: str,
 ) -> HttpRow:  # fmt: skip
     """Alternate raw ONNX Runtime (best batch; batch 1 too at concurrency 1) and the service, `rounds` times,
     so that both see the same machine: on a shared machine the load drifts within seconds."""
@@ -182,12 +182,12 @@ def paired_level(
     request = payload(level.card, level.kind)
     for i in range(rounds):
         if i % 2:  # every other round the service goes first, so that neither side always follows the other
-            server_cpu = _serve(server, port, level, request, window, results, server_cpu)
+            server_cpu = _serve(server, port, level, request, window, results, server_cpu, metrics_url)
         raw.add(session, best_feed, window)
         if level.concurrency == 1:
             raw_one.add(session, one_feed, window)
         if not i % 2:
-            server_cpu = _serve(server, port, level, request, window, results, server_cpu)
+            server_cpu = _serve(server, port, level, request, window, results, server_cpu, metrics_url)
     requests = sum(r.requests for r in results)
     return HttpRow(
         model=level.card.name,
@@ -208,15 +208,32 @@ def paired_level(
 
 def _serve(
     server: subprocess.Popen[bytes], port: int, level: Level, request: Any, window: float,
-    results: list[LoadResult], server_cpu: float | None,
+    results: list[LoadResult], server_cpu: float | None, metrics_url: str,
 ) -> float | None:  # fmt: skip
-    """One service window: its result is appended to `results`; returns the server CPU seconds so far."""
+    """One service window: its result is appended to `results`; returns the server CPU seconds so far.
+
+    For h2load, which sees HTTP statuses only, the calls the server answered with a gRPC error count as errors."""
+    count_grpc = level.kind == "grpc" and level.driver == "h2load"
+    failed_before = grpc_failures(read_text(metrics_url)) if count_grpc else 0
     before = process_cpu_seconds(server.pid)
-    results.append(run_load(level.driver, "127.0.0.1", port, request, level.concurrency, window))
+    result = run_load(level.driver, "127.0.0.1", port, request, level.concurrency, window)
     after = process_cpu_seconds(server.pid)
+    if count_grpc:
+        result.errors += grpc_failures(read_text(metrics_url)) - failed_before
+    results.append(result)
     if server_cpu is None or before is None or after is None:
         return None
     return server_cpu + after - before
+
+
+def read_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def drivers_for(kind: str, drivers: list[str]) -> list[str]:
+    """The drivers of `drivers` that speak `kind` (gRPC: python, h2load); the built-in client when none does."""
+    return [d for d in drivers if drives(d, kind)] or ["python"]
 
 
 def gemm_shares(
@@ -333,7 +350,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         )
     for h in (h for h in http if h.kind == "grpc" and h.concurrency == top):
         lines.append(
-            f"{h.model}, gRPC at concurrency {top}: {h.throughput:.1f} req/s = "
+            f"{h.model}, gRPC via {h.driver} at concurrency {top}: {h.throughput:.1f} req/s = "
             f"{ratio(h.throughput, h.raw_throughput)} × raw ONNX Runtime's best batch alongside (target >= 0.85)"
         )
     for h in (h for h in http if h.kind in ("v1-png", "grpc") and h.concurrency == 1):
@@ -389,7 +406,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--drivers",
         default=",".join(DRIVERS),
-        help=f"load generators, comma-separated; an absent hey or wrk is skipped (default: {','.join(DRIVERS)})",
+        help="load generators, comma-separated: python (every kind), hey and wrk (HTTP kinds), h2load (gRPC); an "
+        f"absent outside one is named and skipped (default: {','.join(DRIVERS)})",
     )
     parser.add_argument(
         "--threads",
@@ -480,16 +498,17 @@ def main(argv: list[str] | None = None) -> None:
     kinds = csv_list(args.kinds)
     grpc_port = free_port() if "grpc" in kinds else 0
     server = start_server(args.model_repository, port, env, grpc_port)
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
     try:
         for name, (card, session) in sessions.items():
             best = max(result["raw"][name], key=lambda r: r.throughput).batch
             for kind in kinds:
-                for driver in ["python"] if kind == "grpc" else drivers:  # no outside driver speaks gRPC
+                for driver in drivers_for(kind, drivers):
                     for c in concurrency:
                         level = Level(card, kind, driver, c)
                         target = grpc_port if kind == "grpc" else port
                         window = args.duration / args.rounds
-                        row = paired_level(session, best, server, target, level, args.rounds, window)
+                        row = paired_level(session, best, server, target, level, args.rounds, window, metrics_url)
                         result["http"].append(row)
                         print(
                             f"  {name} {kind} {driver} c={c}: {row.throughput:9.1f} req/s  p50 {row.p50_ms:8.2f} ms  "

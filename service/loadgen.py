@@ -3,8 +3,10 @@
 Five request kinds, one image each: `v1-png` (multipart PNG upload to `/v1/models/{name}/classify`), `v1-json`
 (the same PNG as base64 JSON), `v2-json` (an Open Inference Protocol tensor as JSON numbers), `v2-binary`
 (the tensor with the binary tensor data extension) and `grpc` (ModelInfer over gRPC with raw tensor bytes).
-Three drivers keep `concurrency` connections busy: a built-in asyncio client (`python`, the only one for gRPC),
-and `hey` and `wrk` run as subprocesses where they are installed.
+Four drivers keep `concurrency` requests in flight: a built-in asyncio client (`python`, every kind), `hey` and
+`wrk` (HTTP kinds) and `h2load` (gRPC: `concurrency` streams on one HTTP/2 connection, as a channel multiplexes
+calls), run as subprocesses where they are installed. Outside drivers spend far less of the shared CPU per request
+than a Python client, so the server is measured rather than the client.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import time
@@ -26,13 +30,18 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from service.grpc.load import grpc_calls, grpc_window, infer_message
+from service.grpc.load import check_infer_call, grpc_calls, grpc_window, infer_message
 from service.grpc.protocol import method_path
 from service.runtime.card import ModelCard
 
 KINDS = ("v1-png", "v1-json", "v2-json", "v2-binary", "grpc")
 GRPC_CONTENT_TYPE = "application/grpc"
-DRIVERS = ("python", "hey", "wrk")
+DRIVERS = ("python", "hey", "wrk", "h2load")
+GRPC_DRIVERS = ("python", "h2load")  # the drivers that speak gRPC; h2load speaks nothing else here
+APT_PACKAGES = {"hey": "hey", "wrk": "wrk", "h2load": "nghttp2-client"}  # the Debian package of each outside driver
+H2LOAD_SUMMARY = re.compile(r"requests: (\d+) total, \d+ started, (\d+) done, \d+ succeeded, (\d+) failed, "
+                            r"(\d+) errored, (\d+) timeout")  # fmt: skip
+H2LOAD_FINISHED = re.compile(r"finished in ([0-9.]+)(ms|s),")
 BOUNDARY = "capsnet-benchmark-boundary"
 WRK_SCRIPT = """
 local f = assert(io.open(os.getenv("CAPSNET_BENCH_BODY"), "rb"))
@@ -130,16 +139,25 @@ def available_drivers(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
             usable.append(driver)
             notes[driver] = path
         else:
-            notes[driver] = f"not installed, skipped (apt-get install {driver})"
+            notes[driver] = f"not installed, skipped (apt-get install {APT_PACKAGES[driver]})"
     return usable, notes
+
+
+def drives(driver: str, kind: str) -> bool:
+    """Whether `driver` can send requests of `kind` (gRPC: python and h2load; HTTP: all but h2load)."""
+    return (driver in GRPC_DRIVERS) if kind == "grpc" else driver != "h2load"
 
 
 def run_load(driver: str, host: str, port: int, request: Payload, concurrency: int, seconds: float) -> LoadResult:
     """Keep `concurrency` connections busy with `request` for about `seconds` (`port`: gRPC's for a gRPC request)."""
     if request.content_type == GRPC_CONTENT_TYPE:
+        if driver == "h2load":
+            return h2load_load(host, port, request, concurrency, seconds)
         if driver != "python":
-            raise ValueError(f"gRPC requests need the python driver, not {driver!r}")
+            raise ValueError(f"gRPC requests need the python or h2load driver, not {driver!r}")
         return grpc_load(f"{host}:{port}", request.body, concurrency, seconds)
+    if driver == "h2load":
+        raise ValueError("h2load drives gRPC requests only here; use hey or wrk for HTTP")
     if driver == "python":
         return asyncio.run(python_load(host, port, request, concurrency, seconds))
     with tempfile.TemporaryDirectory(prefix="capsnet-bench-") as scratch:
@@ -231,4 +249,61 @@ def wrk_load(url: str, request: Payload, body: Path, concurrency: int, seconds: 
         errors=summary["non2xx"] + summary["socket_errors"],
         seconds=summary["seconds"],
         percentiles_ms={q: summary[f"{q}_ms"] for q in ("p50", "p90", "p99")},
+    )
+
+
+def grpc_frame(message: bytes) -> bytes:
+    """A gRPC length-prefixed message: uncompressed flag, 4-byte big-endian length, the message."""
+    return b"\x00" + struct.pack(">I", len(message)) + message
+
+
+def h2load_load(host: str, port: int, request: Payload, concurrency: int, seconds: float) -> LoadResult:
+    """`h2load` POSTing the ModelInfer message as gRPC over HTTP/2 (h2c): `concurrency` streams on one connection.
+
+    h2load judges a call by its HTTP status only, and a gRPC error comes as HTTP 200 with a non-zero grpc-status
+    trailer: one call with the Python client first checks that this very message succeeds (RuntimeError if not);
+    the benchmark also counts the server's non-OK gRPC statuses during the window (`grpc_failures`).
+    """
+    check_infer_call(f"{host}:{port}", request.body)
+    with tempfile.TemporaryDirectory(prefix="capsnet-bench-") as scratch:
+        body, log = Path(scratch) / "body", Path(scratch) / "requests.log"
+        body.write_bytes(grpc_frame(request.body))
+        command = ["h2load", "-c1", f"-m{concurrency}", "-t1", "-D", f"{max(1, round(seconds * 1000))}ms"]
+        command += [
+            "--warm-up-time",
+            "0",
+            "-d",
+            str(body),
+            "-H",
+            f"content-type: {GRPC_CONTENT_TYPE}",
+            "-H",
+            "te: trailers",
+        ]
+        command += [f"--log-file={log}", f"http://{host}:{port}{request.path}"]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+        rows = [line.split("\t") for line in log.read_text().splitlines() if line]
+    summary, finished = H2LOAD_SUMMARY.search(out), H2LOAD_FINISHED.search(out)
+    if summary is None or finished is None:
+        raise RuntimeError(f"unexpected h2load output: {out[-500:]}")
+    _, done, failed, errored, timeouts = (int(x) for x in summary.groups())
+    elapsed = float(finished.group(1)) / (1000.0 if finished.group(2) == "ms" else 1.0)
+    not_ok = sum(status != "200" for _, status, _ in rows)
+    return LoadResult(
+        requests=done,
+        errors=max(failed + errored + timeouts, not_ok),
+        seconds=elapsed,
+        latencies_s=[int(duration_us) / 1e6 for _, _, duration_us in rows],
+    )
+
+
+def grpc_failures(metrics: str) -> int:
+    """ModelInfer calls the server answered with a status other than OK (CANCELLED aside: the calls a driver leaves in
+    flight when its window ends), from the text of its /metrics."""
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in metrics.splitlines()
+        if line.startswith("capsnet_http_requests_total{")
+        and 'protocol="grpc"' in line
+        and "/ModelInfer" in line
+        and not any(f'status="{ok}"' in line for ok in ("OK", "CANCELLED"))
     )

@@ -22,6 +22,7 @@ from fastapi.telemetry import TelemetryConfig
 from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
+from service.api.coalesce import CoalescingHttpToolsProtocol
 from service.api.deps import bearer_auth
 from service.api.fastpath import FastPath
 from service.api.middleware import ServiceMiddleware
@@ -250,6 +251,7 @@ def serve(settings: Settings, app: FastAPI) -> None:
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
+        http=CoalescingHttpToolsProtocol,  # one write per response instead of two (service.api.coalesce)
         timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
     )
     server = DrainingServer(config, settings.shutdown_read_grace_s)

@@ -32,6 +32,20 @@ def infer_message(card: ModelCard) -> bytes:
     return bytes(message.SerializeToString())
 
 
+def check_infer_call(target: str, message: bytes) -> None:
+    """One ModelInfer call with `message`: RuntimeError unless it ends OK with every output of the response filled."""
+    with grpc.insecure_channel(target) as channel:
+        infer = channel.unary_unary(
+            protocol.method_path("ModelInfer"), response_deserializer=protocol.ModelInferResponse.FromString
+        )
+        try:
+            response = infer(message, timeout=30)
+        except grpc.RpcError as e:
+            raise RuntimeError(f"a sample ModelInfer call to {target} failed: {e.code().name}: {e.details()}") from e
+    if not response.outputs or len(response.raw_output_contents) != len(response.outputs):
+        raise RuntimeError(f"a sample ModelInfer call to {target} returned no outputs")
+
+
 def grpc_calls(target: str, message: bytes, window: float) -> list[tuple[float, float, int]]:
     """One call at a time on `target` for `window` seconds, with the blocking client; (start, end, status) each."""
     done: list[tuple[float, float, int]] = []
