@@ -21,7 +21,7 @@ import os
 import resource
 import tempfile
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +37,6 @@ from training.export_card import INPUT_NAME
 from training.export_graphs import ImageGraph, to_onnx
 from training.machine import machine_description
 from training.train import TrainConfig, model_config_for
-
 
 Clock = Callable[[], float]  # seconds: time.perf_counter (wall) or time.process_time (CPU, --cpu-time)
 
@@ -160,17 +159,18 @@ def profile_onnx(cfg: TrainConfig, batch: int, top: int = PROFILE_TOP) -> dict[s
     kind: dict[str, str] = {}
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] > warm["ts"] + warm["dur"]:
-            shapes = [list(t.values())[0] for t in e["args"].get("output_type_shape", [])]
+            shapes = [next(iter(t.values())) for t in e["args"].get("output_type_shape", [])]
             kind[e["name"]] = f"{e['args']['op_name']} {shapes[0] if shapes else []}"
             fastest[e["name"]] = min(e["dur"], fastest.get(e["name"], float("inf")))
-    kernel: Counter[str] = Counter()
+    kernel: dict[str, float] = defaultdict(float)
     for name, dur in fastest.items():
         kernel[kind[name]] += dur
     total = sum(kernel.values())
+    ranked = sorted(kernel.items(), key=lambda item: -item[1])[:top]
     return {
         "images_per_cpu_s_while_profiling": round(rate, 1),
         "kernel_ms_per_run": round(total / 1000, 1),
-        "nodes": {k: round(v / total, 3) for k, v in kernel.most_common(top)},
+        "nodes": {k: round(v / total, 3) for k, v in ranked},
     }
 
 

@@ -92,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routing-iterations", type=int, default=None, help="EM iterations (default: the model's, 2)")
     p.add_argument("--lr", type=float, default=0.01, help="Adam's learning rate (default: 0.01)")
     p.add_argument(
-        "--final-inverse-temperature", type=float, default=None, help="λ of the last iteration (default: the model's, 3)"
+        "--final-inverse-temperature",
+        type=float,
+        default=None,
+        help="λ of the last iteration (default: the model's, 3)",
     )
     p.add_argument("--beta-u-init", type=float, default=None, help="initial β_u (default: the model's, 2)")
     p.add_argument("--variance-floor", type=float, default=None, help="floor of every σ² (default: the model's, 1e-4)")
