@@ -1,25 +1,35 @@
 """Training and inference speed of the paper CapsNet on this machine (a script, not a test).
 
-    python -m training.benchmark [--device auto] [--train-steps 5] [--routing sabour] [--amp]
+    python -m training.benchmark [--device auto] [--train-steps 5] [--routing sabour] [--amp] [--cpu-time]
+    python -m training.benchmark --arch em --ort-profile 1 32      # ONNX Runtime's time per node only
 
 Prints the machine, then training images/s at batch 128, inference images/s at batch 1 and 128, and
 ONNX Runtime's float32 inference images/s at batch 32 for the same model with the ratio training / ORT
 (a training step costs about three forward passes, so training can come close to ORT's rate).
 With --arch em it also prints `em_vs_dynamic`: EM and dynamic-routing training at batch 32 and their
 ONNX Runtime inference at batches 1..64, measured in the same run, with the ratios of the EM speed targets.
+--cpu-time runs everything on one thread and divides by the process's CPU time instead of the wall clock
+(images per CPU-second: steadier than wall time on a machine other jobs share). --ort-profile prints only
+ONNX Runtime's own profile of the model's graph (one thread): each node's share of the kernel time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import torch
 
-from service.runtime.model_dir import create_session
+from service.runtime.model_dir import create_session, session_options
 from training.architectures import get_architecture
 from training.device import resolve_device, synchronize, use_amp
 from training.export import DEFAULT_OPSET
@@ -28,8 +38,12 @@ from training.export_graphs import ImageGraph, to_onnx
 from training.machine import machine_description
 from training.train import TrainConfig, model_config_for
 
+Clock = Callable[[], float]  # seconds: time.perf_counter (wall) or time.process_time (CPU, --cpu-time)
 
-def time_training(cfg: TrainConfig, device: torch.device, steps: int, warmup: int = 2) -> float:
+
+def time_training(
+    cfg: TrainConfig, device: torch.device, steps: int, warmup: int = 2, clock: Clock = time.perf_counter
+) -> float:
     """Images/s of full training steps (forward, margin + reconstruction loss, backward, Adam)."""
     arch = get_architecture(cfg.arch)
     model = arch.build(model_config_for(cfg)).to(device).train()
@@ -40,7 +54,7 @@ def time_training(cfg: TrainConfig, device: torch.device, steps: int, warmup: in
     for k in range(warmup + steps):
         if k == warmup:
             synchronize(device)
-            start = time.perf_counter()
+            start = clock()
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             out = arch.forward(model, images, labels)
         loss = arch.loss(out, images, labels, 0.0).total
@@ -48,10 +62,12 @@ def time_training(cfg: TrainConfig, device: torch.device, steps: int, warmup: in
         loss.backward()
         opt.step()
     synchronize(device)
-    return steps * cfg.batch_size / (time.perf_counter() - start)
+    return steps * cfg.batch_size / (clock() - start)
 
 
-def time_inference(cfg: TrainConfig, device: torch.device, batch: int, seconds: float = 3.0) -> float:
+def time_inference(
+    cfg: TrainConfig, device: torch.device, batch: int, seconds: float = 3.0, clock: Clock = time.perf_counter
+) -> float:
     arch = get_architecture(cfg.arch)
     model = arch.build(model_config_for(cfg)).to(device).eval()
     images = torch.rand(batch, 1, 28, 28, device=device)
@@ -60,12 +76,12 @@ def time_inference(cfg: TrainConfig, device: torch.device, batch: int, seconds: 
         for _ in range(2):
             arch.forward(model, images, None)
         synchronize(device)
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        start = clock()
+        while clock() - start < seconds:
             arch.forward(model, images, None)
             done += batch
         synchronize(device)
-    return done / (time.perf_counter() - start)
+    return done / (clock() - start)
 
 
 ORT_BATCH = 32  # the inference batch the training rate is compared with
@@ -73,8 +89,8 @@ ORT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 EM_TARGETS = {"train_ratio": 0.15, "onnx_ratio": 0.14}  # EM / dynamic on the same machine
 
 
-def time_onnx(cfg: TrainConfig, batches: tuple[int, ...], seconds: float) -> dict[int, float]:
-    """ONNX Runtime (CPU, float32) images/s of the model's ONNX graph, built in memory by the export code."""
+def onnx_graph(cfg: TrainConfig) -> tuple[bytes, list[str], tuple[int, ...]]:
+    """The model's ONNX graph (random weights), built in memory by the export code: (graph, outputs, input shape)."""
     arch = get_architecture(cfg.arch)
     if arch.export is None:
         raise ValueError(f"architecture {cfg.arch!r} has no ONNX export")
@@ -84,23 +100,85 @@ def time_onnx(cfg: TrainConfig, batches: tuple[int, ...], seconds: float) -> dic
     outputs = [o.name for o in spec.outputs]
     example = torch.rand(2, *spec.input_shape)
     proto = to_onnx(ImageGraph(model, spec).eval(), (example,), [INPUT_NAME], outputs, DEFAULT_OPSET)
-    session = create_session(proto.SerializeToString(), "cpu")
+    return proto.SerializeToString(), outputs, tuple(spec.input_shape)
+
+
+def random_images(batch: int, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    return {INPUT_NAME: np.random.default_rng(0).random((batch, *shape), dtype=np.float32)}
+
+
+def time_onnx(
+    cfg: TrainConfig,
+    batches: tuple[int, ...],
+    seconds: float,
+    clock: Clock = time.perf_counter,
+    threads: int | None = None,
+) -> dict[int, float]:
+    """ONNX Runtime (CPU, float32) images/s of the model's ONNX graph; `threads` None: ONNX Runtime's default."""
+    graph, outputs, shape = onnx_graph(cfg)
+    session = create_session(graph, "cpu", threads)
     rates = {}
     for batch in batches:
-        images = {INPUT_NAME: np.random.default_rng(0).random((batch, *spec.input_shape), dtype=np.float32)}
+        images = random_images(batch, shape)
         for _ in range(2):
             session.run(outputs, images)
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        done, start = 0, clock()
+        while clock() - start < seconds:
             session.run(outputs, images)
             done += batch
-        rates[batch] = round(done / (time.perf_counter() - start), 1)
+        rates[batch] = round(done / (clock() - start), 1)
     return rates
 
 
-def train_vs_ort(train_rate: float, cfg: TrainConfig, seconds: float) -> dict[str, float]:
+PROFILE_RUNS = 5  # profiled runs per batch, after a warm-up run (arena growth, first-touch pages) left out
+PROFILE_TOP = 25  # nodes listed per batch
+
+
+def profile_onnx(cfg: TrainConfig, batch: int, top: int = PROFILE_TOP) -> dict[str, Any]:
+    """ONNX Runtime's profile of the model's graph at one batch, one thread (SessionOptions.enable_profiling).
+
+    Each node's kernel time is its fastest of PROFILE_RUNS runs after a warm-up run, summed per (op type, output
+    shape); returns the rate while profiling, the kernel ms of one run, and the `top` entries as shares of it.
+    """
+    graph, outputs, shape = onnx_graph(cfg)
+    options = session_options(1)
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        options.profile_file_prefix = os.path.join(tmp, "ort")
+        session = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+        images = random_images(batch, shape)
+        session.run(outputs, images)
+        start = time.process_time()
+        for _ in range(PROFILE_RUNS):
+            session.run(outputs, images)
+        rate = PROFILE_RUNS * batch / (time.process_time() - start)
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    warm = next(e for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
+    fastest: dict[str, float] = {}  # node -> its fastest run: a busy machine's preemptions only ever add time
+    kind: dict[str, str] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] > warm["ts"] + warm["dur"]:
+            shapes = [next(iter(t.values())) for t in e["args"].get("output_type_shape", [])]
+            kind[e["name"]] = f"{e['args']['op_name']} {shapes[0] if shapes else []}"
+            fastest[e["name"]] = min(e["dur"], fastest.get(e["name"], float("inf")))
+    kernel: dict[str, float] = defaultdict(float)
+    for name, dur in fastest.items():
+        kernel[kind[name]] += dur
+    total = sum(kernel.values())
+    ranked = sorted(kernel.items(), key=lambda item: -item[1])[:top]
+    return {
+        "images_per_cpu_s_while_profiling": round(rate, 1),
+        "kernel_ms_per_run": round(total / 1000, 1),
+        "nodes": {k: round(v / total, 3) for k, v in ranked},
+    }
+
+
+def train_vs_ort(
+    train_rate: float, cfg: TrainConfig, seconds: float, clock: Clock, threads: int | None
+) -> dict[str, float]:
     """ORT float32 batch-32 inference rate of the same model, and training rate / that rate."""
-    ort_rate = time_onnx(cfg, (ORT_BATCH,), seconds)[ORT_BATCH]
+    ort_rate = time_onnx(cfg, (ORT_BATCH,), seconds, clock, threads)[ORT_BATCH]
     return {
         f"ort_float32_infer_images_per_s_batch{ORT_BATCH}": ort_rate,
         "train_to_ort_ratio": round(train_rate / ort_rate, 3),
@@ -108,7 +186,13 @@ def train_vs_ort(train_rate: float, cfg: TrainConfig, seconds: float) -> dict[st
 
 
 def em_vs_dynamic(
-    preset: str, device: torch.device, steps: int, seconds: float, iterations: int | None = None
+    preset: str,
+    device: torch.device,
+    steps: int,
+    seconds: float,
+    iterations: int | None = None,
+    clock: Clock = time.perf_counter,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """EM against the paper's dynamic CapsNet in one run: training at batch 32, ONNX Runtime at batches 1..64.
 
@@ -117,8 +201,9 @@ def em_vs_dynamic(
     """
     em = TrainConfig(arch="em", preset=preset, batch_size=32, routing_iterations=iterations)
     dynamic = TrainConfig(arch="dynamic", preset="tiny" if preset == "tiny" else "paper", batch_size=32)
-    train = {"em": time_training(em, device, steps), "dynamic": time_training(dynamic, device, steps)}
-    em_ort, dyn_ort = time_onnx(em, ORT_BATCHES, seconds), time_onnx(dynamic, (32,), seconds)
+    train = {c.arch: time_training(c, device, steps, clock=clock) for c in (em, dynamic)}
+    em_ort = time_onnx(em, ORT_BATCHES, seconds, clock, threads)
+    dyn_ort = time_onnx(dynamic, (32,), seconds, clock, threads)
     best = max(em_ort, key=lambda b: em_ort[b])
     return {
         "train_images_per_s_batch32": {k: round(v, 1) for k, v in train.items()},
@@ -132,7 +217,7 @@ def em_vs_dynamic(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.benchmark", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="dynamic", choices=["dynamic", "em"], help="architecture (default: dynamic)")
     p.add_argument("--preset", default="paper", choices=["paper", "small", "tiny"], help="model size (default: paper)")
@@ -152,8 +237,27 @@ def main(argv: list[str] | None = None) -> int:
         "--amp", action="store_true", help="bfloat16 autocast on CUDA or a CPU with native bfloat16 (default: off)"
     )
     p.add_argument("--seconds", type=float, default=3.0, help="time per inference measurement (default: 3)")
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="one thread (PyTorch and ONNX Runtime), rates per CPU-second of this process (default: wall clock)",
+    )
+    p.add_argument(
+        "--ort-profile",
+        type=int,
+        nargs="+",
+        metavar="BATCH",
+        default=None,
+        help="print only ONNX Runtime's per-node profile of the model's graph at these batches (default: off)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
-    device = resolve_device(args.device)
+    if args.ort_profile is not None and min(args.ort_profile) < 1:
+        p.error(f"--ort-profile batches must be at least 1, got {min(args.ort_profile)}")
     cfg = TrainConfig(
         arch=args.arch,
         preset=args.preset,
@@ -163,22 +267,32 @@ def main(argv: list[str] | None = None) -> int:
         amp=args.amp,
     )
     torch.manual_seed(0)
-    train_rate = time_training(cfg, device, args.train_steps)
+    if args.ort_profile is not None:
+        profile = {str(b): profile_onnx(cfg, b) for b in args.ort_profile}
+        print(json.dumps({"arch": args.arch, "preset": args.preset, "ort_profile": profile}, indent=2))
+        return 0
+    device = resolve_device(args.device)
+    clock, threads = (time.process_time, 1) if args.cpu_time else (time.perf_counter, None)
+    if args.cpu_time:
+        torch.set_num_threads(1)
+    train_rate = time_training(cfg, device, args.train_steps, clock=clock)
     result = {
         "machine": machine_description(device),
         "arch": args.arch,
         "preset": args.preset,
         "routing": args.routing or "default",
         "routing_iterations": model_config_for(cfg).get("routing_iterations"),
+        "clock": "cpu, 1 thread" if args.cpu_time else "wall",
         f"train_images_per_s_batch{args.batch_size}": round(train_rate, 1),
-        "infer_images_per_s_batch1": round(time_inference(cfg, device, 1, args.seconds), 1),
-        "infer_images_per_s_batch128": round(time_inference(cfg, device, 128, args.seconds), 1),
+        "peak_rss_gib_after_training": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "infer_images_per_s_batch1": round(time_inference(cfg, device, 1, args.seconds, clock), 1),
+        "infer_images_per_s_batch128": round(time_inference(cfg, device, 128, args.seconds, clock), 1),
     }
     if get_architecture(args.arch).export is not None:
-        result |= train_vs_ort(train_rate, cfg, args.seconds)
+        result |= train_vs_ort(train_rate, cfg, args.seconds, clock, threads)
     if args.arch == "em":
         result["em_vs_dynamic"] = em_vs_dynamic(
-            args.preset, device, args.train_steps, args.seconds, args.routing_iterations
+            args.preset, device, args.train_steps, args.seconds, args.routing_iterations, clock, threads
         )
     print(json.dumps(result, indent=2))
     return 0

@@ -33,3 +33,38 @@ def test_em_benchmark_prints_the_comparison_with_the_dynamic_model(capsys: pytes
     best = cmp["onnx_images_per_s_em"][str(cmp["onnx_best_batch_em"])]
     assert cmp["onnx_ratio"] == pytest.approx(best / cmp["onnx_images_per_s_dynamic_batch32"], abs=1e-3)
     assert cmp["targets"] == {"train_ratio": 0.15, "onnx_ratio": 0.14}
+
+
+def test_cpu_time_mode_runs_on_one_thread_and_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[int | None] = []
+    create = benchmark.create_session
+    monkeypatch.setattr(benchmark, "create_session", lambda g, p, t=None: threads.append(t) or create(g, p, t))
+    monkeypatch.setattr(benchmark.torch, "set_num_threads", lambda n: threads.append(n))
+    args = ["--preset", "tiny", "--device", "cpu", "--batch-size", "2", "--train-steps", "1", "--seconds", "0.02"]
+    assert benchmark.main([*args, "--cpu-time"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["clock"] == "cpu, 1 thread"
+    assert result["train_images_per_s_batch2"] > 0 and result["peak_rss_gib_after_training"] > 0
+    assert threads == [1, 1]  # torch, then the ONNX Runtime session
+
+
+def test_ort_profile_prints_only_the_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    assert benchmark.main(["--arch", "em", "--preset", "tiny", "--ort-profile", "1", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"arch", "preset", "ort_profile"}
+    assert list(result["ort_profile"]) == ["1", "2"]
+    for profile in result["ort_profile"].values():
+        shares = profile["nodes"]
+        assert 0 < len(shares) <= benchmark.PROFILE_TOP and 0.0 < sum(shares.values()) <= 1.0 + 1e-6
+        assert list(shares.values()) == sorted(shares.values(), reverse=True)
+        assert any(k.startswith("MatMul [") for k in shares)  # the vote and routing products
+        assert profile["kernel_ms_per_run"] > 0 and profile["images_per_cpu_s_while_profiling"] > 0
+
+
+def test_ort_profile_rejects_a_batch_below_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        benchmark.main(["--ort-profile", "0"])
+    assert exc.value.code == 2
+    assert "--ort-profile batches must be at least 1, got 0" in capsys.readouterr().err
