@@ -34,6 +34,17 @@ from service.core.config import Settings, cgroup_cpu_limit
 from service.flops import GemmProbe, onnx_flops_per_image
 from service.loadgen import DRIVERS, KINDS, LoadResult, available_drivers, drives, grpc_failures, payload, run_load
 from service.machine import cpu_busy_percent, cpu_model, load_average
+from service.raw_ort import (
+    Parallel,
+    RawRow,
+    RawTimes,
+    parallel_slice,
+    parallel_sweep,
+    percentile_ms,
+    random_feed,
+    raw_slice,
+    raw_sweep,
+)
 from service.runtime.model_dir import GRAPH_FILE, ModelCard, create_session
 from service.runtime.repository import scan_repository
 
@@ -42,15 +53,6 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONCURRENCY = (1, 32)
 KIND_NAMES = {"v1-png": "v1 PNG", "grpc": "gRPC"}  # the kinds the targets are about
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-@dataclass
-class RawRow:
-    batch: int
-    runs: int
-    throughput: float  # images/s
-    p50_ms: float
-    cpu_ms_per_image: float  # process CPU time (every ONNX Runtime thread) per image
 
 
 @dataclass
@@ -68,10 +70,12 @@ class HttpRow:
     raw_throughput: float  # raw ONNX Runtime at the best batch, measured in the same rounds
     raw_cpu_ms: float  # raw ONNX Runtime CPU time per image at the best batch, same rounds
     raw_batch1_p50_ms: float | None  # raw batch 1, measured in the same rounds (concurrency 1 only)
+    raw_parallel_throughput: float | None = None  # one single-thread session, a caller per thread, same rounds
 
-
-def percentile_ms(latencies: list[float], q: float) -> float:
-    return float(np.percentile(np.array(latencies) * 1000.0, q)) if latencies else float("nan")
+    @property
+    def raw_best(self) -> float:
+        """Raw ONNX Runtime's best batched throughput alongside: serial on every thread, or parallel callers."""
+        return max(self.raw_throughput, self.raw_parallel_throughput or 0.0)
 
 
 def load_average_1m() -> float | None:
@@ -93,43 +97,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def raw_slice(session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> list[float]:
-    """Run the batch in `feed` for `seconds` (at least 3 runs); the latency of each run."""
-    latencies: list[float] = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(latencies) < 3:
-        t0 = time.perf_counter()
-        session.run(None, feed)
-        latencies.append(time.perf_counter() - t0)
-    return latencies
-
-
-def random_feed(card: ModelCard, batch: int) -> dict[str, np.ndarray]:
-    return {card.input.name: np.random.default_rng(batch).random((batch, *card.image_shape), dtype=np.float32)}
-
-
-def raw_sweep(session: ort.InferenceSession, card: ModelCard, batches: list[int], seconds: float) -> list[RawRow]:
-    rows = []
-    for batch in batches:
-        feed = random_feed(card, batch)
-        raw_slice(session, feed, 0.0)  # warm-up
-        times = RawTimes([])
-        times.add(session, feed, seconds)
-        images = batch * len(times.latencies)
-        rows.append(
-            RawRow(
-                batch,
-                len(times.latencies),
-                images / sum(times.latencies),
-                percentile_ms(times.latencies, 50),
-                1000 * times.cpu_s / images,
-            )
-        )
-        r = rows[-1]
-        print(f"  {card.name} raw batch {batch:4d}: {r.throughput:9.1f} img/s  p50 {r.p50_ms:8.2f} ms", flush=True)
-    return rows
-
-
 def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of a process and all its threads, from /proc (None where there is none)."""
     try:
@@ -137,19 +104,6 @@ def process_cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     except (OSError, IndexError, ValueError):
         return None
-
-
-@dataclass
-class RawTimes:
-    """Raw ONNX Runtime latencies and CPU time gathered over several slices."""
-
-    latencies: list[float]
-    cpu_s: float = 0.0
-
-    def add(self, session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> None:
-        cpu = time.process_time()
-        self.latencies += raw_slice(session, feed, seconds)
-        self.cpu_s += time.process_time() - cpu
 
 
 def merged_percentile(results: list[LoadResult], q: int) -> float:
@@ -171,12 +125,14 @@ class Level:
 
 def paired_level(
     session: ort.InferenceSession, best_batch: int, server: subprocess.Popen[bytes], port: int, level: Level,
-    rounds: int, window: float, metrics_url: str,
+    rounds: int, window: float, metrics_url: str, parallel: Parallel | None = None,
 ) -> HttpRow:  # fmt: skip
-    """Alternate raw ONNX Runtime (best batch; batch 1 too at concurrency 1) and the service, `rounds` times,
-    so that both see the same machine: on a shared machine the load drifts within seconds."""
+    """Alternate raw ONNX Runtime (best batch; batch 1 too at concurrency 1; parallel callers at their best batch)
+    and the service, `rounds` times, so that both see the same machine: on a shared machine the load drifts
+    within seconds."""
     best_feed, one_feed = random_feed(level.card, best_batch), random_feed(level.card, 1)
     raw, raw_one = RawTimes([]), RawTimes([])
+    par_images, par_seconds = 0, 0.0
     results: list[LoadResult] = []
     server_cpu: float | None = 0.0
     request = payload(level.card, level.kind)
@@ -184,6 +140,11 @@ def paired_level(
         if i % 2:  # every other round the service goes first, so that neither side always follows the other
             server_cpu = _serve(server, port, level, request, window, results, server_cpu, metrics_url)
         raw.add(session, best_feed, window)
+        if parallel is not None:
+            images, seconds, _ = parallel_slice(
+                parallel.session, random_feed(level.card, parallel.best_batch), window, parallel.callers
+            )
+            par_images, par_seconds = par_images + images, par_seconds + seconds
         if level.concurrency == 1:
             raw_one.add(session, one_feed, window)
         if not i % 2:
@@ -203,6 +164,7 @@ def paired_level(
         raw_throughput=best_batch * len(raw.latencies) / sum(raw.latencies),
         raw_cpu_ms=1000 * raw.cpu_s / (best_batch * len(raw.latencies)),
         raw_batch1_p50_ms=percentile_ms(raw_one.latencies, 50) if raw_one.latencies else None,
+        raw_parallel_throughput=par_images / par_seconds if par_seconds else None,
     )
 
 
@@ -308,28 +270,34 @@ def report(result: dict[str, Any]) -> str:
         f"CPUs {fmt(m['cpu_busy_percent_before'], '.0f')}% busy before; "
         f"{m['platform']}; Python {m['python']}; onnxruntime {m['onnxruntime']}",
         f"service: {result['threads']} intra-op threads, max_batch_size {result['settings']['max_batch_size']}, "
-        f"max_queue_delay_ms {result['settings']['max_queue_delay_ms']}; one image per request",
+        f"max_queue_delay_ms {result['settings']['max_queue_delay_ms']}, parallel runs "
+        f"{result['settings'].get('parallel_runs', 1)}; one image per request",
         "load generators: " + "; ".join(f"{d}: {note}" for d, note in result["drivers"].items()),
         "",
         "| model | raw ONNX Runtime batch | throughput (img/s) | p50 (ms) | CPU per image (ms) |",
         "|---|---:|---:|---:|---:|",
     ]
+    callers = result["threads"]
     for name, rows in result["raw"].items():
+        parallel = [
+            (f"{r.batch} ×{callers} callers, 1 thread", r) for r in result.get("raw_parallel", {}).get(name, [])
+        ]
         lines += [
-            f"| {name} | {r.batch} | {r.throughput:.1f} | {r.p50_ms:.2f} | {r.cpu_ms_per_image:.2f} |" for r in rows
+            f"| {name} | {label} | {r.throughput:.1f} | {r.p50_ms:.2f} | {r.cpu_ms_per_image:.2f} |"
+            for label, r in [(str(r.batch), r) for r in rows] + parallel
         ]
     lines += [
         "",
         "| model | request | driver | concurrency | served (req/s) | raw best batch alongside (img/s) "
-        "| served ÷ raw | p50 (ms) | p99 (ms) | raw batch-1 p50 (ms) | server CPU per request (ms) "
-        "| raw CPU per image (ms) | errors |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| raw parallel alongside (img/s) | served ÷ best raw | p50 (ms) | p99 (ms) | raw batch-1 p50 (ms) "
+        "| server CPU per request (ms) | raw CPU per image (ms) | errors |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     http: list[HttpRow] = result["http"]
     lines += [
         f"| {h.model} | {h.kind} | {h.driver} | {h.concurrency} | {h.throughput:.1f} | {h.raw_throughput:.1f} | "
-        f"{ratio(h.throughput, h.raw_throughput)} | {fmt(h.p50_ms)} | {fmt(h.p99_ms)} | {fmt(h.raw_batch1_p50_ms)} | "
-        f"{fmt(h.server_cpu_ms)} | {h.raw_cpu_ms:.2f} | {h.errors} |"
+        f"{fmt(h.raw_parallel_throughput, '.1f')} | {ratio(h.throughput, h.raw_best)} | {fmt(h.p50_ms)} | "
+        f"{fmt(h.p99_ms)} | {fmt(h.raw_batch1_p50_ms)} | {fmt(h.server_cpu_ms)} | {h.raw_cpu_ms:.2f} | {h.errors} |"
         for h in http
     ]
     lines += ["", *summary_lines(result)]
@@ -343,16 +311,18 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     http: list[HttpRow] = result["http"]
     lines = []
     top = max((h.concurrency for h in http), default=0)
-    for h in (h for h in http if h.kind == "v1-png" and h.concurrency == top and h.driver != "python"):
-        lines.append(
-            f"{h.model}, v1 PNG via {h.driver} at concurrency {top}: {h.throughput:.1f} req/s = "
-            f"{ratio(h.throughput, h.raw_throughput)} × raw ONNX Runtime's best batch alongside (target >= 0.80)"
-        )
-    for h in (h for h in http if h.kind == "grpc" and h.concurrency == top):
-        lines.append(
-            f"{h.model}, gRPC via {h.driver} at concurrency {top}: {h.throughput:.1f} req/s = "
-            f"{ratio(h.throughput, h.raw_throughput)} × raw ONNX Runtime's best batch alongside (target >= 0.85)"
-        )
+    for h in http:
+        if h.concurrency == top and (h.kind, h.driver != "python") in (
+            ("v1-png", True),
+            ("grpc", True),
+            ("grpc", False),
+        ):
+            lines.append(
+                f"{h.model}, {KIND_NAMES[h.kind]} via {h.driver} at concurrency {top}: {h.throughput:.1f} req/s = "
+                f"{ratio(h.throughput, h.raw_best)} × raw ONNX Runtime's best alongside ({h.raw_best:.1f} img/s; "
+                f"serial {h.raw_throughput:.1f}, parallel {fmt(h.raw_parallel_throughput, '.1f')}; "
+                f"{ratio(h.throughput, h.raw_throughput)} × serial) (target >= {0.85 if h.kind == 'grpc' else 0.80})"
+            )
     for h in (h for h in http if h.kind in ("v1-png", "grpc") and h.concurrency == 1):
         slack = 0.5 if h.kind == "grpc" else 1.0
         if h.raw_batch1_p50_ms is not None:
@@ -440,8 +410,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=defaults.max_queue_delay_ms,
         help=f"service max queue delay (default: the service's, {defaults.max_queue_delay_ms})",
     )
+    parser.add_argument(
+        "--parallel-runs",
+        type=int,
+        help="service parallel runs (CAPSNET_PARALLEL_RUNS), and the callers of raw ONNX Runtime's parallel "
+        "measurement on a single-thread session, at most --threads; 1 measures raw serially only (default: --threads)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here (default: none)")
     args = parser.parse_args(argv)
+    args.parallel_runs = args.parallel_runs or args.threads
+    if not 1 <= args.parallel_runs <= args.threads:
+        parser.error(f"--parallel-runs {args.parallel_runs} must be between 1 and --threads ({args.threads})")
     unknown = [k for k in csv_list(args.kinds) if k not in KINDS] + [
         d for d in csv_list(args.drivers) if d not in DRIVERS
     ]
@@ -470,20 +449,32 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine(),
         "threads": args.threads,
         "drivers": notes,
-        "settings": {"max_batch_size": args.max_batch_size, "max_queue_delay_ms": args.max_queue_delay_ms},
+        "settings": {
+            "max_batch_size": args.max_batch_size,
+            "max_queue_delay_ms": args.max_queue_delay_ms,
+            "parallel_runs": args.parallel_runs,
+        },
         "raw": {},
+        "raw_parallel": {},
         "flops_per_image": {},
         "flops_notes": {},
         "http": [],
     }
     print("load generators: " + "; ".join(f"{d}: {n}" for d, n in notes.items()), flush=True)
     sessions = {}
+    parallels: dict[str, Parallel] = {}
     for entry in entries:
         assert entry.card is not None
         print(f"benchmarking {entry.card.name} from {entry.path}", flush=True)
         session = create_session(entry.path / GRAPH_FILE, args.provider, args.threads)
         sessions[entry.card.name] = (entry.card, session)
         result["raw"][entry.card.name] = raw_sweep(session, entry.card, batches, args.duration / args.rounds)
+        if args.parallel_runs > 1 and session.get_providers()[0] == "CPUExecutionProvider":
+            narrow = create_session(entry.path / GRAPH_FILE, "cpu", 1)
+            rows = parallel_sweep(narrow, entry.card, batches, args.duration / args.rounds, args.parallel_runs)
+            result["raw_parallel"][entry.card.name] = rows
+            best = max(rows, key=lambda r: r.throughput).batch
+            parallels[entry.card.name] = Parallel(narrow, args.parallel_runs, best)
         flops, note = onnx_flops_per_image(entry.path / GRAPH_FILE)
         result["flops_per_image"][entry.card.name], result["flops_notes"][entry.card.name] = flops, note
     result["gemm"] = gemm_shares(sessions, result["raw"], args.rounds, args.duration / args.rounds)
@@ -494,6 +485,7 @@ def main(argv: list[str] | None = None) -> None:
         "CAPSNET_MAX_BATCH_SIZE": str(args.max_batch_size),
         "CAPSNET_MAX_QUEUE_DELAY_MS": str(args.max_queue_delay_ms),
         "CAPSNET_MAX_QUEUE_SIZE": str(max(256, 4 * max(concurrency))),
+        "CAPSNET_PARALLEL_RUNS": str(args.parallel_runs),
     }
     kinds = csv_list(args.kinds)
     grpc_port = free_port() if "grpc" in kinds else 0
@@ -508,11 +500,14 @@ def main(argv: list[str] | None = None) -> None:
                         level = Level(card, kind, driver, c)
                         target = grpc_port if kind == "grpc" else port
                         window = args.duration / args.rounds
-                        row = paired_level(session, best, server, target, level, args.rounds, window, metrics_url)
+                        row = paired_level(
+                            session, best, server, target, level, args.rounds, window, metrics_url, parallels.get(name)
+                        )
                         result["http"].append(row)
                         print(
                             f"  {name} {kind} {driver} c={c}: {row.throughput:9.1f} req/s  p50 {row.p50_ms:8.2f} ms  "
-                            f"(raw alongside {row.raw_throughput:.1f} img/s)",
+                            f"(raw alongside {row.raw_throughput:.1f} img/s, parallel "
+                            f"{fmt(row.raw_parallel_throughput, '.1f')})",
                             flush=True,
                         )
         result["server_peak_rss_mib"] = peak_rss_mib(server.pid)
@@ -523,8 +518,11 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(report(result))
     if args.json:
-        raw = [{"model": name, **asdict(r)} for name, rows in result["raw"].items() for r in rows]  # flat: one table
-        args.json.write_text(json.dumps({**result, "raw": raw, "http": [asdict(h) for h in result["http"]]}, indent=2))
+        flat = {  # flat: one table each
+            key: [{"model": name, **asdict(r)} for name, rows in result[key].items() for r in rows]
+            for key in ("raw", "raw_parallel")
+        }
+        args.json.write_text(json.dumps({**result, **flat, "http": [asdict(h) for h in result["http"]]}, indent=2))
 
 
 if __name__ == "__main__":

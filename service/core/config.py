@@ -92,6 +92,14 @@ class Settings(BaseSettings):
         ge=1,
         description="ONNX Runtime intra-op threads; default: the container's CPU quota (cgroup), not the host's cores.",
     )
+    parallel_runs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most ONNX Runtime runs at once on the CPU when requests queue up, each on one intra-op thread "
+        "(a lone batch still runs on every intra-op thread); at most intra_op_threads; unset: intra_op_threads. "
+        "1: runs take turns, each on every thread (no second, single-thread session per graph). On a GPU runs take "
+        "turns.",
+    )
     warmup_runs: int = Field(default=2, ge=0, description="Warm-up inferences per batch shape before ready.")
 
     max_batch_size: int = Field(default=32, ge=1, description="Most images in one ONNX Runtime run.")
@@ -132,6 +140,20 @@ class Settings(BaseSettings):
         if isinstance(value, str) and not value.strip():
             raise ValueError("empty path; unset the variable to turn authentication off")
         return value
+
+    @model_validator(mode="after")
+    def _parallel_runs_within_threads(self) -> Settings:
+        if self.parallel_runs is not None and self.parallel_runs > self.intra_op_threads:
+            raise ValueError(
+                f"parallel_runs ({self.parallel_runs}) exceeds intra_op_threads ({self.intra_op_threads}): each "
+                "parallel run takes one intra-op thread"
+            )
+        return self
+
+    @property
+    def run_slots(self) -> int:
+        """ONNX Runtime runs at once under load (`parallel_runs`, default the intra-op threads)."""
+        return self.parallel_runs or self.intra_op_threads
 
     @model_validator(mode="after")
     def _metrics_auth_needs_tokens(self) -> Settings:

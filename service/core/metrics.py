@@ -52,6 +52,12 @@ class Metrics:
         )
         self.queue_depth = Gauge("capsnet_queue_depth", "Requests waiting for a batch.", ["model", "graph"], registry=r)
         self.inferences = Counter("capsnet_inferences", "Rows (images) inferred.", ["model", "graph"], registry=r)
+        self.runs = Counter(
+            "capsnet_runs",
+            "ONNX Runtime runs by lane: wide (every intra-op thread, a lone batch) or narrow (one thread, under load).",
+            ["model", "graph", "lane"],
+            registry=r,
+        )
         self.models_loaded = Gauge("capsnet_models_loaded", "Models loaded, warmed up and ready.", registry=r)
         self.model_ready = Gauge("capsnet_model_ready", "1 when the model is ready, else 0.", ["model"], registry=r)
         self.provider = Gauge(

@@ -1,8 +1,12 @@
 """Dynamic batching: concurrent requests for one graph are gathered into one ONNX Runtime run.
 
-A worker thread per graph takes every request queued while the previous run was busy (up to `max_batch_size`
-rows), optionally waits up to `max_queue_delay` for more, runs the batch and hands each caller its rows. Under
-load the batches grow by themselves; an idle service runs a lone request at once.
+A worker thread takes every request queued while the previous runs were busy (up to `max_batch_size` rows),
+optionally waits up to `max_queue_delay` for more, runs the batch and hands each caller its rows. Under load the
+batches grow by themselves; an idle service runs a lone request at once.
+
+A graph with a single-thread ("narrow") session beside its wide one has a worker per run slot (`RunSlots`): a
+lone batch runs on the wide session with every thread, while under load the workers run batches side by side,
+one thread each. One worker gathers at a time, so the batches still take everything queued.
 
 Requests come from any thread: coroutines on any event loop (`submit`, the HTTP routes; a batch's results go
 back to each loop in one `call_soon_threadsafe`), or threads that block (`submit_blocking`, the gRPC handlers).
@@ -25,6 +29,7 @@ import numpy as np
 
 from service.core.errors import InferenceTimeout, Overloaded, ShuttingDown
 from service.core.metrics import Metrics
+from service.runtime.slots import RunSlots
 
 logger = logging.getLogger(__name__)
 
@@ -104,32 +109,49 @@ def _resolve_futures(results: list[tuple[asyncio.Future[Tensors], Outcome]]) -> 
 class DynamicBatcher:
     """Gathers the requests for one graph (`run`: inputs -> outputs, batch-major) into batched runs.
 
-    `run_lock` is held for every run: one lock for every graph of the service makes their runs take turns, since
-    each run already uses every intra-op thread the container's CPU quota allows.
+    Every run holds slots of `slots`, one budget for every graph of the service: a wide run (`run`, every
+    intra-op thread) holds them all; with `narrow` (the same graph on a single-thread session) runs under load
+    hold one each and run side by side, a worker thread per slot.
     """
 
     def __init__(
-        self, model: str, graph: str, run: RunFn, policy: BatchingPolicy, run_lock: threading.Lock, metrics: Metrics
+        self,
+        model: str,
+        graph: str,
+        run: RunFn,
+        policy: BatchingPolicy,
+        slots: RunSlots,
+        metrics: Metrics,
+        narrow: RunFn | None = None,
     ) -> None:
         self.model, self.graph, self._run_fn, self.policy = model, graph, run, policy
-        self._run_lock = run_lock
-        self._changed = threading.Condition()  # guards the queue, `_busy` and `_closing`
+        self._narrow_fn = narrow if slots.slots > 1 else None
+        self._slots = slots
+        self._workers = slots.slots if self._narrow_fn is not None else 1
+        self._changed = threading.Condition()  # guards the queue, `_gathering`, `_running` and `_closing`
         self._queue: deque[_Request] = deque()
-        self._busy = False  # a batch is being gathered or run (by the worker or an inline caller)
+        self._gathering = False  # a worker is taking and filling a batch
+        self._running = 0  # batches being run (by the workers or inline callers)
         self._closing = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         labels = {"model": model, "graph": graph}
         self._m_depth = metrics.queue_depth.labels(**labels)
         self._m_queue = metrics.queue_time.labels(**labels)
         self._m_compute = metrics.compute_time.labels(**labels)
         self._m_batch = metrics.batch_size.labels(**labels)
         self._m_rows = metrics.inferences.labels(**labels)
+        self._m_runs = {
+            wide: metrics.runs.labels(**labels, lane="wide" if wide else "narrow") for wide in (True, False)
+        }
 
     def start(self) -> None:
-        """Start the worker thread."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=f"batcher-{self.model}-{self.graph}", daemon=True)
-            self._thread.start()
+        """Start the worker threads."""
+        if self._threads:
+            return
+        for i in range(self._workers):
+            name = f"batcher-{self.model}-{self.graph}" + (f"-{i}" if i else "")
+            self._threads.append(threading.Thread(target=self._work, name=name, daemon=True))
+            self._threads[-1].start()
 
     @property
     def depth(self) -> int:
@@ -167,20 +189,20 @@ class DynamicBatcher:
         return waiter.outcome
 
     async def close(self) -> None:
-        """Stop taking requests, finish every queued one, then stop the worker."""
+        """Stop taking requests, finish every queued one, then stop the workers."""
         with self._changed:
             self._closing = True
             self._changed.notify_all()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        for thread in self._threads:
+            await asyncio.get_running_loop().run_in_executor(None, thread.join)
 
     def _enqueue(self, request: _Request, inline: bool) -> bool:
         """Queue `request`; True instead when `inline` and the graph is idle: the caller runs it itself."""
         with self._changed:
             if self._closing:
                 raise ShuttingDown("the service is shutting down")
-            if inline and not self._busy and not self._queue and not self.policy.max_queue_delay_s:
-                self._busy = True
+            if inline and self._idle_slot() and not self._queue and not self.policy.max_queue_delay_s:
+                self._running += 1
                 return True
             if len(self._queue) >= self.policy.max_queue_size:
                 raise Overloaded(
@@ -199,13 +221,17 @@ class DynamicBatcher:
         if not future.done():
             future.set_exception(self._timeout())
 
+    def _idle_slot(self) -> bool:
+        """No batch is being gathered and a worker's share of the slots is unused (holding `_changed`)."""
+        return not self._gathering and self._running < self._workers
+
     def _run_inline(self, request: _Request) -> Tensors:
         try:
             ((_, outcome),) = self._execute([request])
         finally:
             with self._changed:
-                self._busy = False
-                self._changed.notify()  # requests queued meanwhile are the worker's
+                self._running -= 1
+                self._changed.notify_all()  # requests queued meanwhile are the workers'
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -218,18 +244,24 @@ class DynamicBatcher:
                     self._deliver(self._execute(live))
             finally:
                 with self._changed:
-                    self._busy = False
+                    self._running -= 1
+                    self._changed.notify_all()
 
     def _next_batch(self) -> list[_Request] | None:
-        """Wait for queued requests while the graph is idle, take a batch and fill it; None once closed and empty."""
+        """Wait for queued requests and a free slot, take a batch and fill it; None once closed and empty."""
         with self._changed:
-            while self._busy or not self._queue:
+            while not (self._queue and self._idle_slot()):
                 if self._closing and not self._queue:
                     return None
                 self._changed.wait()
-            self._busy = True
-            batch = self._take([])
-            self._fill(batch)
+            self._gathering = True
+            try:
+                batch = self._take([])
+                self._fill(batch)
+            finally:
+                self._gathering = False
+            self._running += 1
+            self._changed.notify_all()  # another worker may gather what arrives during this run
             return batch
 
     def _take(self, batch: list[_Request]) -> list[_Request]:
@@ -270,13 +302,14 @@ class DynamicBatcher:
             inputs = {
                 k: np.concatenate([r.inputs[k] for r in live]) if len(live) > 1 else live[0].inputs[k] for k in names
             }
-            with self._run_lock:
+            with self._slots.run(can_narrow=self._narrow_fn is not None) as wide:
                 start = time.perf_counter()
-                outputs = self._run_fn(inputs)
+                outputs = self._run_fn(inputs) if wide or self._narrow_fn is None else self._narrow_fn(inputs)
                 seconds = time.perf_counter() - start
         except Exception as e:
             logger.exception("batch of %d rows on %s/%s failed", rows, self.model, self.graph)
             return [(r, e) for r in live]
+        self._m_runs[wide].inc()
         self._m_compute.observe(seconds)
         self._m_batch.observe(rows)
         self._m_rows.inc(rows)

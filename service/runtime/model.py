@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from service.core.metrics import Metrics
 from service.runtime.batcher import BatchingPolicy, CancelHook, DynamicBatcher, RunFn, Tensors
 from service.runtime.model_dir import GRAPH_FILE, ModelCard, active_provider, create_session
 from service.runtime.repository import ModelDirectory
+from service.runtime.slots import RunSlots
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ class RuntimeOptions:
     intra_op_threads: int
     warmup_runs: int
     policy: BatchingPolicy
+    parallel_runs: int = 1  # > 1 on the CPU: each graph gets a single-thread session too (`RunSlots`)
 
 
 def _runner(session: ort.InferenceSession, output_names: list[str]) -> RunFn:
@@ -56,6 +57,7 @@ class ServedModel:
         self.load_seconds: float | None = None
         self._metrics = metrics
         self._runners: dict[str, RunFn] = {}
+        self._narrow: dict[str, RunFn] = {}  # the same graphs on single-thread sessions, for parallel runs
         self._batchers: dict[str, DynamicBatcher] = {}
 
     @property
@@ -66,10 +68,12 @@ class ServedModel:
     def has_decoder(self) -> bool:
         return self.card is not None and self.card.decoder is not None
 
-    def load(self, options: RuntimeOptions, run_lock: threading.Lock) -> None:
+    def load(self, options: RuntimeOptions, slots: RunSlots) -> None:
         """Create the sessions, check them against the card and warm them up (blocking; run in a thread).
 
-        Every run of the batchers holds `run_lock` (one for the whole service: runs take turns)."""
+        Every run of the batchers holds slots of `slots` (one budget for the whole service). With
+        `options.parallel_runs` > 1 on the CPU each graph also gets a single-thread session for runs under load.
+        """
         if self.card is None:
             return
         card = self.card
@@ -86,8 +90,12 @@ class ServedModel:
                 )
                 self._runners["decoder"] = _runner(decoder, [card.decoder.output.name])
             self.provider = active_provider(graph)
+            if options.parallel_runs > 1 and self.provider == "CPUExecutionProvider":
+                self._narrow = {name: self._narrow_runner(name) for name in self._runners}
             self._batchers = {
-                graph_name: DynamicBatcher(self.name, graph_name, run, options.policy, run_lock, self._metrics)
+                graph_name: DynamicBatcher(
+                    self.name, graph_name, run, options.policy, slots, self._metrics, self._narrow.get(graph_name)
+                )
                 for graph_name, run in self._runners.items()
             }
             self._warm_up(options.warmup_runs, options.policy.max_batch_size)
@@ -97,13 +105,24 @@ class ServedModel:
             return
         self.load_seconds = time.perf_counter() - start
         logger.info(
-            "model %s loaded on %s (%d intra-op threads) in %.2f s; decoder: %s",
+            "model %s loaded on %s (%d intra-op threads%s) in %.2f s; decoder: %s",
             self.name,
             self.provider,
             options.intra_op_threads,
+            ", single-thread sessions for parallel runs" if self._narrow else "",
             self.load_seconds,
             "yes" if card.decoder else "no",
         )
+
+    def _narrow_runner(self, graph_name: str) -> RunFn:
+        """The graph on a single-thread CPU session (the wide session's outputs, as the card names them)."""
+        card = self.card
+        assert card is not None
+        if graph_name == "decoder":
+            assert card.decoder is not None
+            session = create_session(self.path / card.decoder.file, "cpu", 1)
+            return _runner(session, [card.decoder.output.name])
+        return _runner(create_session(self.path / GRAPH_FILE, "cpu", 1), [o.name for o in card.outputs])
 
     def fail(self, error: str) -> None:
         self.state, self.error = ModelState.FAILED, error
@@ -121,15 +140,16 @@ class ServedModel:
         """Run each graph at batch 1 and at the largest batch so the first requests pay no allocation cost."""
         card = self.card
         assert card is not None
-        for batch in sorted({1, max_batch}):
-            for _ in range(runs):
-                images = np.zeros((batch, *card.image_shape), np.float32)
-                outputs = self._runners["capsnet"]({card.input.name: images})
-                if "decoder" in self._runners:
-                    poses = outputs[card.output_for("poses").name]
-                    mask = np.zeros((batch, len(card.classes)), np.float32)
-                    mask[:, 0] = 1.0
-                    self._runners["decoder"]({"poses": poses, "mask": mask})
+        for runners in (self._runners, self._narrow):
+            for batch in sorted({1, max_batch}) if runners else ():
+                for _ in range(runs):
+                    images = np.zeros((batch, *card.image_shape), np.float32)
+                    outputs = runners["capsnet"]({card.input.name: images})
+                    if "decoder" in runners:
+                        poses = outputs[card.output_for("poses").name]
+                        mask = np.zeros((batch, len(card.classes)), np.float32)
+                        mask[:, 0] = 1.0
+                        runners["decoder"]({"poses": poses, "mask": mask})
 
     def start(self) -> None:
         """Start the batch workers and mark the model ready."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 
 import onnxruntime as ort
 
@@ -15,6 +14,7 @@ from service.core.metrics import Metrics
 from service.runtime.batcher import BatchingPolicy
 from service.runtime.model import ModelState, RuntimeOptions, ServedModel
 from service.runtime.repository import scan_repository
+from service.runtime.slots import RunSlots
 
 logger = logging.getLogger(__name__)
 
@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 class ModelRegistry:
     """Holds the served models. `start` loads them (in threads) and warms them up; `close` drains them.
 
-    All ONNX Runtime runs of the batchers take turns through one lock: each run already uses every intra-op
-    thread the container's CPU quota allows, so running two at once would only make them fight for the cores.
+    All ONNX Runtime runs of the batchers share one `RunSlots` budget, the intra-op threads the container's CPU
+    quota allows: a lone run uses them all, runs under load one each (`CAPSNET_PARALLEL_RUNS`).
     """
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
@@ -32,14 +32,14 @@ class ModelRegistry:
         self.models: dict[str, ServedModel] = {}
         self.started = False  # every model has been loaded (or has failed)
         self.load_error: str | None = None
-        self.run_lock = threading.Lock()
+        self.slots = RunSlots(settings.run_slots)
         self._default: str | None = None
 
     @property
     def options(self) -> RuntimeOptions:
         s = self.settings
         policy = BatchingPolicy(s.max_batch_size, s.max_queue_delay_ms / 1000.0, s.max_queue_size, s.request_timeout_s)
-        return RuntimeOptions(s.provider, s.intra_op_threads, s.warmup_runs, policy)
+        return RuntimeOptions(s.provider, s.intra_op_threads, s.warmup_runs, policy, s.run_slots)
 
     async def start(self) -> None:
         """Scan the repository, load and warm every model; a broken model is logged and reported, never fatal."""
@@ -57,13 +57,15 @@ class ModelRegistry:
             logger.error(self.load_error)
         options = self.options
         logger.info(
-            "execution provider %s (CAPSNET_PROVIDER; onnxruntime offers %s), %d intra-op threads",
+            "execution provider %s (CAPSNET_PROVIDER; onnxruntime offers %s), %d intra-op threads, "
+            "%d parallel runs under load",
             options.provider,
             ort.get_available_providers(),
             options.intra_op_threads,
+            options.parallel_runs,
         )
         for model in self.models.values():
-            await loop.run_in_executor(None, model.load, options, self.run_lock)
+            await loop.run_in_executor(None, model.load, options, self.slots)
             model.start()
             self._record(model)
         self._default = self._choose_default()

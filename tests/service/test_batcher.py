@@ -15,6 +15,7 @@ import pytest
 from service.core.errors import InferenceTimeout, Overloaded, ShuttingDown
 from service.core.metrics import Metrics
 from service.runtime.batcher import BatchingPolicy, CallCancelled, DynamicBatcher, Tensors
+from service.runtime.slots import RunSlots
 
 T = TypeVar("T")
 
@@ -45,7 +46,7 @@ def run(
     async def main() -> T:
         fake = model or FakeModel()
         settings = {"max_batch_size": 4, "max_queue_delay_s": 0.0, "max_queue_size": 100, "timeout_s": 5.0, **policy}
-        batcher = DynamicBatcher("m", "g", fake, BatchingPolicy(**settings), threading.Lock(), Metrics())
+        batcher = DynamicBatcher("m", "g", fake, BatchingPolicy(**settings), RunSlots(1), Metrics())
         batcher.start()
         try:
             return await scenario(batcher, fake)
@@ -289,7 +290,7 @@ def test_a_cancelled_blocking_call_frees_its_thread_and_is_skipped() -> None:
     run(scenario)
 
 
-def test_graphs_sharing_a_run_lock_never_run_at_once() -> None:
+def test_graphs_sharing_one_slot_never_run_at_once() -> None:
     active, most = 0, 0
     guard = threading.Lock()
 
@@ -304,8 +305,8 @@ def test_graphs_sharing_a_run_lock_never_run_at_once() -> None:
         return {"y": inputs["x"]}
 
     async def main() -> None:
-        lock, policy = threading.Lock(), BatchingPolicy(1, 0.0, 100, 5.0)
-        batchers = [DynamicBatcher("m", g, model, policy, lock, Metrics()) for g in ("a", "b")]
+        slots, policy = RunSlots(1), BatchingPolicy(1, 0.0, 100, 5.0)
+        batchers = [DynamicBatcher("m", g, model, policy, slots, Metrics(), narrow=model) for g in ("a", "b")]
         for b in batchers:
             b.start()
         await asyncio.gather(*(b.submit(rows(i)) for i in range(8) for b in batchers))

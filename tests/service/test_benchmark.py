@@ -53,6 +53,31 @@ def test_benchmark_prints_raw_and_service_tables(
 
 
 @pytest.mark.slow
+def test_benchmark_measures_parallel_runs_raw_and_served(
+    model_repository: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two threads: raw ONNX Runtime also with two callers on a single-thread session, the service with two
+    parallel runs; each served row is judged against the better raw figure alongside."""
+    out = tmp_path / "bench.json"
+    args = ["--model-repository", str(model_repository), "--models", TINY, "--threads", "2", "--batches", "1,4",
+            "--kinds", "v1-png", "--drivers", "python", "--concurrency", "1,4", "--duration", "0.4", "--rounds", "2",
+            "--json", str(out)]  # fmt: skip
+    benchmark.main(args)
+    text = capsys.readouterr().out
+    assert "| 4 ×2 callers, 1 thread |" in text and "parallel runs 2;" in text
+    result = json.loads(out.read_text())
+    assert [(r["model"], r["batch"]) for r in result["raw_parallel"]] == [(TINY, 1), (TINY, 4)]
+    assert all(r["throughput"] > 0 for r in result["raw_parallel"])
+    assert all(h["raw_parallel_throughput"] > 0 and h["errors"] == 0 for h in result["http"])
+
+
+def test_parallel_runs_cannot_exceed_the_threads() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args(["--threads", "1", "--parallel-runs", "2"])
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not EXTERNAL, reason="neither hey nor wrk is installed (apt-get install hey wrk)")
 @pytest.mark.parametrize("kind", [k for k in loadgen.KINDS if k != "grpc"])  # gRPC: the built-in client only
 def test_outside_drivers_send_every_request_kind(model_repository: Path, kind: str) -> None:

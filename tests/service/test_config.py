@@ -80,3 +80,10 @@ def test_grpc_port_default_and_conflict(monkeypatch: pytest.MonkeyPatch) -> None
     assert Settings(grpc_port=0, port=8000).grpc_port == 0  # gRPC off
     with pytest.raises(ValueError, match="grpc_port and port are both 9000: gRPC needs a port of its own"):
         Settings(port=9000, grpc_port=9000)
+
+
+def test_parallel_runs_default_to_the_intra_op_threads_and_cannot_exceed_them() -> None:
+    assert Settings(intra_op_threads=3).run_slots == 3
+    assert Settings(intra_op_threads=3, parallel_runs=1).run_slots == 1
+    with pytest.raises(ValueError, match=r"parallel_runs \(3\) exceeds intra_op_threads \(2\)"):
+        Settings(intra_op_threads=2, parallel_runs=3)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -137,3 +139,23 @@ def test_forced_cuda_without_a_gpu_fails_the_model_clearly(make_client: Any, mod
     assert all(m["state"] == "failed" for m in models)
     assert all("CAPSNET_PROVIDER=cuda" in m["error"] for m in models)
     assert client.get("/health/ready").status_code == 503
+
+
+def test_parallel_runs_use_single_thread_sessions_with_the_same_outputs(
+    make_client: Any, model_repository: Path
+) -> None:
+    serial = make_client(model_repository, intra_op_threads=2, parallel_runs=1).app.state.registry.get(TINY)
+    parallel = make_client(model_repository, intra_op_threads=2).app.state.registry.get(TINY)
+    assert not serial._narrow and set(parallel._narrow) == {"capsnet", "decoder"}
+    images = np.random.default_rng(0).random((24, 1, 28, 28), dtype=np.float32)
+    expected = serial.infer_blocking(images)
+    narrow = parallel._narrow["capsnet"]({"image": images})
+    with ThreadPoolExecutor(8) as pool:  # under load: wide and narrow runs, batched in any grouping
+        rows = list(pool.map(lambda i: parallel.infer_blocking(images[i : i + 1]), range(len(images))))
+    for name, want in expected.items():
+        np.testing.assert_allclose(narrow[name], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.concatenate([r[name] for r in rows]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_one_intra_op_thread_needs_no_second_session(make_client: Any, model_repository: Path) -> None:
+    assert not make_client(model_repository).app.state.registry.get(TINY)._narrow
