@@ -197,6 +197,7 @@ def _training_info(checkpoint: Path, state: dict[str, Any]) -> dict[str, Any]:
         "history": state.get("history") or [],
         "train_config": train_config,
         "checkpoint": {"file": checkpoint.name, "sha256": sha256_file(checkpoint)},
+        **({"init_from": state["init_from"]} if state.get("init_from") else {}),  # a warm start's model directory
     }
 
 

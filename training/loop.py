@@ -205,6 +205,7 @@ class Trainer(Generic[TaskT]):
         resume: str | None = None,
         strict_resume: bool = False,
         info: DistInfo | None = None,
+        init_from: dict[str, Any] | None = None,
     ) -> None:
         """`strict_resume`: continue `resume` only if it was trained with these settings (bar RESUMABLE_CHANGES).
 
@@ -212,6 +213,8 @@ class Trainer(Generic[TaskT]):
             model: built (seeded) and on its device; the loop trains on that device.
             model_config: what rebuilds `model` (checkpoints record it; a resumed run must match it).
             info: this process's place in a torchrun launch (default: a single process).
+            init_from: where `model`'s weights came from when not from its seeded initialisation (a warm
+                start; not with `resume`): checkpoints and the first epoch's row record it.
         """
         self.cfg = cfg
         self.task = task
@@ -231,6 +234,9 @@ class Trainer(Generic[TaskT]):
         self.resume_position: dict[str, Any] | None = None  # this process's place inside the epoch to resume
         self.epoch_start: dict[str, Any] = {}  # the RNG and task states before this epoch's batches were drawn
         self.command = training_command(sys.argv)
+        self.init_from = init_from
+        if resume and init_from is not None:
+            raise ValueError("a warm start (init_from) is a new run: it cannot also resume a checkpoint")
         if resume:
             self._restore(resume, strict_resume)
         self.ddp: nn.Module = (
@@ -258,6 +264,7 @@ class Trainer(Generic[TaskT]):
         self.best_val_error = float(state.get("best_val_error", math.inf))
         self.history = list(state["history"])
         self.evaluation_seconds = state.get("evaluation_seconds")
+        self.init_from = state.get("init_from")
         self.task.load_state_dict(state.get("task_state", {}))
         restore_rng_states(state)
         if "mid_epoch" in state:
@@ -296,6 +303,7 @@ class Trainer(Generic[TaskT]):
             **(resume_point if resume_point is not None else self._resume_point()),
             "command": self.command,
             "data_hashes": self.task.data_hashes,
+            **({} if self.init_from is None else {"init_from": self.init_from}),
             **({} if self.evaluation_seconds is None else {"evaluation_seconds": self.evaluation_seconds}),
         }
 
@@ -453,6 +461,7 @@ class Trainer(Generic[TaskT]):
                 "seconds": round(stats["train_seconds"], 2),
                 "images_per_second": round(stats["train_images"] / stats["train_seconds"], 1),
                 "precision": "bfloat16-mixed" if self.amp else "float32",
+                **({"init_from": self.init_from} if self.init_from is not None and self.epoch == 1 else {}),
             }
             last_seconds = clock() - start
             if self.cfg.dry_run:  # its one row is the result the caller prints, not a log line

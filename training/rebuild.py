@@ -3,13 +3,16 @@
 For when the training checkpoint is gone but the model directory is not: the exporter names every
 ONNX initializer after its state_dict key under the `model.` prefix of `ImageGraph`, so the weights
 map back one to one. The rebuilt model must reproduce the old graphs' outputs within the parity
-tolerances recorded on the old card before anything is written.
+tolerances recorded on the old card before anything is written (capsnet-export --from-model-dir) or
+trained (capsnet-train --init-from, `warm_start`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from service.runtime.model_dir import GRAPH_FILE, create_session, load_model_dir
+from service.runtime.model_dir import GRAPH_FILE, ModelDirError, create_session, load_model_dir
 from training.architectures import get_architecture
 from training.data import MNISTSplit, to_float
 
@@ -116,7 +119,13 @@ def rebuild_model(
             None: uniform random images (seed 0).
     """
     root = Path(model_dir)
-    card = load_model_dir(root).raw_card
+    return _rebuild(root, load_model_dir(root).raw_card, test)
+
+
+def _rebuild(
+    root: Path, card: dict[str, Any], test: MNISTSplit | None
+) -> tuple[nn.Module, dict[str, Any], dict[str, float]]:
+    """`rebuild_model` of a directory whose files `load_model_dir` has verified against `card`."""
     arch = get_architecture(card["architecture"])
     if arch.export is None:
         raise RebuildError(f"architecture {card['architecture']!r} has no export spec")
@@ -130,3 +139,63 @@ def rebuild_model(
     parity = check_reproduces(model, root, card, images)
     log.info("rebuilt %s from its graphs; max differences %s", root, parity)
     return model, card, parity
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A new run's first weights, rebuilt from a model directory (capsnet-train --init-from), and their origin."""
+
+    state_dict: dict[str, torch.Tensor]
+    provenance: dict[str, Any]  # the run's `init_from`: {"path", "name", "version", "capsnet_onnx_sha256"}
+
+
+def _shown(config: dict[str, Any], key: str) -> str:
+    return json.dumps(config[key]) if key in config else "absent"
+
+
+def check_same_model(model_dir: Path, card: dict[str, Any], arch: str, model_config: dict[str, Any]) -> None:
+    """Refuse a model directory whose architecture or model_config differs from the model a run builds."""
+    if card["architecture"] != arch:
+        differ = [f"architecture {json.dumps(card['architecture'])} there, {json.dumps(arch)} here"]
+    else:
+        theirs: dict[str, Any] = card.get("model_config") or {}
+        differ = [
+            f"{key} {_shown(theirs, key)} there, {_shown(model_config, key)} here"
+            for key in sorted(theirs.keys() | model_config.keys())
+            if key not in theirs or key not in model_config or theirs[key] != model_config[key]
+        ]
+    if differ:
+        raise RebuildError(
+            f"--init-from {model_dir} holds a different model from the one this run builds ({'; '.join(differ)}): "
+            "set --arch, --preset, --routing, --routing-iterations and --canvas to match its card"
+        )
+
+
+def warm_start(
+    model_dir: str | os.PathLike[str], arch: str, model_config: dict[str, Any], test: MNISTSplit | None = None
+) -> WarmStart:
+    """The weights of the model in `model_dir` for a new run of `arch` with `model_config`, which must be the card's.
+
+    The directory is verified against its card, the model rebuilt from its graphs and checked to reproduce
+    them (`rebuild_model`; `test` as there). Builds the model once, so it draws from torch's global RNG:
+    seed the run's own model after this.
+    """
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise RebuildError(f"--init-from {root}: no such directory (give a model directory such as model/zoo/<name>)")
+    try:
+        card = load_model_dir(root).raw_card
+    except ModelDirError as e:
+        raise RebuildError(f"--init-from {root}: {e}") from e
+    if card.get("quantization"):
+        parent = (card.get("parent") or {}).get("path", "its float32 parent")
+        raise RebuildError(f"--init-from {root} is a quantized model; start from the float32 model ({parent})")
+    check_same_model(root, card, arch, model_config)
+    model, card, _ = _rebuild(root, card, test)
+    provenance = {
+        "path": str(model_dir),
+        "name": card["name"],
+        "version": card["version"],
+        "capsnet_onnx_sha256": card["files"][GRAPH_FILE]["sha256"],
+    }
+    return WarmStart(model.state_dict(), provenance)

@@ -23,9 +23,11 @@ from training.architectures import ARCHITECTURES, Architecture, get_architecture
 from training.config import TrainConfig
 from training.data import IDXError, MNISTSplit, load_split
 from training.device import DEVICE_CHOICES, resolve_device
+from training.entry import cli_error
 from training.evaluate import evaluate_torch
 from training.generators import pad_split
 from training.loop import EXIT_UNFINISHED, Autocast, DistInfo, Step, Trainer, init_distributed
+from training.rebuild import warm_start
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +192,14 @@ def mnist_trainer(
     resume: str | None = None,
     strict_resume: bool = False,
     make_task: TaskFactory = ClassificationTask,
+    init_from: str | os.PathLike[str] | None = None,
 ) -> Trainer[ClassificationTask]:
     """The Trainer of a capsnet-train run: MNIST from `data_dir`, the model `cfg` describes, seeded by `cfg.seed`.
 
     `make_task` builds the task from the loaded data (default: ClassificationTask; a subclass may judge more).
+    `init_from`: a model directory of the same architecture and model config to take the first weights from
+    (rebuilt from its graphs and checked against them on the test images); the rest of the run is seeded as
+    without it, and the optimizer and schedule start fresh.
     """
     info = init_distributed(cfg.device)
     device = resolve_device(cfg.device)
@@ -201,11 +207,16 @@ def mnist_trainer(
         device = torch.device("cuda", info.local_rank)
     arch = get_architecture(cfg.arch)
     data = ClassificationData.load(cfg, data_dir)
-    torch.manual_seed(cfg.seed)
     model_config = model_config_for(cfg)
+    start = None if init_from is None else warm_start(init_from, cfg.arch, model_config, data.test)
+    torch.manual_seed(cfg.seed)
     model = arch.build(model_config).to(device)
+    if start is not None:
+        model.load_state_dict(start.state_dict)
+        log.info("initialised from %s (version %s)", init_from, start.provenance["version"])
     task = make_task(cfg, arch, data, device, info)
-    return Trainer(cfg, task, model, model_config, out_dir, resume, strict_resume, info)
+    provenance = None if start is None else start.provenance
+    return Trainer(cfg, task, model, model_config, out_dir, resume, strict_resume, info, init_from=provenance)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,6 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--resume", default=None, metavar="CKPT", help="resume from a checkpoint (default: start fresh)")
     p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="MODEL_DIR",
+        help="start a new run from the weights of a model directory (e.g. model/zoo/capsnet-mnist), whose "
+        "architecture and model_config must be the ones these options build; the optimizer state, the epoch "
+        "counter and the learning-rate schedule start fresh (--lr is the first epoch's); not with --resume "
+        "(default: none, random initialisation)",
+    )
+    p.add_argument(
         "--val-split",
         type=int,
         default=0,
@@ -326,6 +346,11 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
     if not args.checkpoint_minutes >= 0:
         parser.error(f"--checkpoint-minutes must be 0 or more, got {args.checkpoint_minutes}")
+    if args.init_from is not None and args.resume is not None:
+        parser.error(
+            "--init-from and --resume cannot be combined: --init-from starts a new run from a model directory's "
+            "weights, --resume continues a checkpoint with its own"
+        )
 
 
 def learning_rate(args: argparse.Namespace) -> float:
@@ -337,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_arguments(parser, args)
+    if args.init_from is not None and args.val_split > 0:
+        print(
+            f"capsnet-train: warning: --val-split {args.val_split} with --init-from: if {args.init_from} was "
+            "trained on all 60,000 training images, the held-out ones were seen and val_error is optimistic",
+            file=sys.stderr,
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = TrainConfig(
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
@@ -347,11 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     try:
         deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes
-        trainer = mnist_trainer(cfg, args.data_dir, None if args.dry_run else args.out, args.resume)
+        out = None if args.dry_run else args.out
+        trainer = mnist_trainer(cfg, args.data_dir, out, args.resume, init_from=args.init_from)
         history = trainer.fit(deadline, args.checkpoint_minutes or None)
-    except (IDXError, FileNotFoundError, ValueError) as e:
-        print(f"capsnet-train: error: {e}", file=sys.stderr)
-        return 2
+    except (IDXError, FileNotFoundError, ValueError) as e:  # RebuildError (--init-from) is a ValueError
+        return cli_error("capsnet-train", e)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
