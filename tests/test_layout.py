@@ -17,6 +17,7 @@ SHARED_WITH_TRAINING = {
     "service.runtime.ood": "the 'not a digit' score: calibration writes its card entry, the service computes it",
     "service.imaging": "the service's preprocessing of uploads, which the non-digit sets must go through",
     "service.machine": "the torch-free machine facts (CPU model, load, busy share) both benchmarks record",
+    "service.raw_ort": "raw ONNX Runtime timing with parallel callers, as the service runs, for both benchmarks",
 }
 
 

@@ -53,6 +53,7 @@ class ExportSpec:
         scores_kind: "capsule_length" or "activation".
         description: the card's one-line description.
         input_shape: one image, (C, H, W).
+        serving: the card's `serving` hints for the service (e.g. {"max_batch_size": 1, "why": ...}), or None.
     """
 
     outputs: tuple[ExportOutput, ...]
@@ -62,6 +63,7 @@ class ExportSpec:
     scores_kind: Literal["capsule_length", "activation"]
     description: str
     input_shape: tuple[int, int, int] = (1, 28, 28)
+    serving: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,13 @@ class Architecture:
 RECONSTRUCTION_WEIGHT = 0.0005  # Sabour et al. 2017 §4.1
 # EM routing learns 10x faster at 0.01 than at the 0.001 of the other architectures (docs/em-routing.md, "Training")
 EM_LEARNING_RATE = 0.01
+# EM routing's ONNX Runtime rate falls as the batch grows (its vote tensors leave the caches) and is best at batch 1
+# with the service's parallel runs (README, "Matrix capsules"): the service runs EM models one image per run.
+EM_SERVING = {
+    "max_batch_size": 1,
+    "why": "EM routing runs fastest one image per run on ONNX Runtime's CPU provider, with parallel runs "
+    "(python -m training.benchmark --arch em); larger batches are slower and need more memory",
+}
 
 
 def _dynamic_config(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +193,7 @@ def _em_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
         description=f"Matrix capsules with EM routing (Hinton et al. 2018; {cfg.routing_iterations} iterations) "
         "for MNIST digits",
         input_shape=(cfg.in_channels, cfg.image_size, cfg.image_size),
+        serving=EM_SERVING,
     )
 
 

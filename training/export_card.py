@@ -142,6 +142,7 @@ def build_card(
         "scores": {"output": spec.outputs[roles.index("scores")].name, "kind": spec.scores_kind},
         "pose_shape": None if poses is None else [int(d) for d in poses.shape[2:]],
         "decoder": decoder,
+        **({"serving": spec.serving} if spec.serving else {}),
         "metrics": {"mnist_test_error": None, "n": 0, "evaluated_with": None, **(metrics or {})},
         "training": {
             "command": None,

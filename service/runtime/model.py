@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -90,15 +91,16 @@ class ServedModel:
                 )
                 self._runners["decoder"] = _runner(decoder, [card.decoder.output.name])
             self.provider = active_provider(graph)
+            policy = self._policy(options.policy)
             if options.parallel_runs > 1 and self.provider == "CPUExecutionProvider":
                 self._narrow = {name: self._narrow_runner(name) for name in self._runners}
             self._batchers = {
                 graph_name: DynamicBatcher(
-                    self.name, graph_name, run, options.policy, slots, self._metrics, self._narrow.get(graph_name)
+                    self.name, graph_name, run, policy, slots, self._metrics, self._narrow.get(graph_name)
                 )
                 for graph_name, run in self._runners.items()
             }
-            self._warm_up(options.warmup_runs, options.policy.max_batch_size)
+            self._warm_up(options.warmup_runs, policy.max_batch_size)
         except Exception as e:
             self.fail(f"cannot load: {e}")
             logger.exception("model %s failed to load", self.name)
@@ -113,6 +115,19 @@ class ServedModel:
             self.load_seconds,
             "yes" if card.decoder else "no",
         )
+
+    def _policy(self, policy: BatchingPolicy) -> BatchingPolicy:
+        """The service's batching policy, its batch size lowered to the card's `serving.max_batch_size`."""
+        card_max = self.card.serving.max_batch_size if self.card and self.card.serving else None
+        if card_max is None or card_max >= policy.max_batch_size:
+            return policy
+        return dataclasses.replace(policy, max_batch_size=card_max)
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """Most images per run of this model (the card may lower the service's), once loaded."""
+        batcher = self._batchers.get("capsnet")
+        return batcher.policy.max_batch_size if batcher else None
 
     def _narrow_runner(self, graph_name: str) -> RunFn:
         """The graph on a single-thread CPU session (the wide session's outputs, as the card names them)."""

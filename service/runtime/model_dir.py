@@ -82,6 +82,14 @@ class DecoderSpec(BaseModel):
         raise ModelDirError(f"decoder has no input named {name!r} (has {[s.name for s in self.inputs]})")
 
 
+class ServingHints(BaseModel):
+    """How the model likes to be served; the service's settings still bound every value."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_batch_size: int | None = Field(default=None, ge=1)
+
+
 class FileEntry(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(ge=0)
@@ -103,6 +111,7 @@ class ModelCard(BaseModel):
     scores: ScoresSpec
     pose_shape: list[int] = Field(min_length=1)
     decoder: DecoderSpec | None = None
+    serving: ServingHints | None = None
     metrics: dict[str, Any] | None = None
     ood: dict[str, Any] | None = None  # the "not a digit" calibration (service.runtime.ood)
     files: dict[str, FileEntry] = Field(default_factory=dict)

@@ -90,6 +90,7 @@ def write_em_like(out_dir: Path, name: str = EM_LIKE) -> None:
         "scores": {"output": "activations", "kind": "activation"},
         "pose_shape": [4, 4],
         "decoder": None,
+        "serving": {"max_batch_size": 1, "why": "as the EM export writes"},
         "metrics": {"mnist_test_error": None},
         "files": {
             "capsnet.onnx": {

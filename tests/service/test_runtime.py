@@ -16,7 +16,7 @@ from service.main import create_app
 from service.runtime import model_dir
 from service.runtime.card import CardError, parse_card
 from service.runtime.repository import scan_repository
-from tests.service.conftest import TINY, digit_image, png_bytes, service_settings
+from tests.service.conftest import EM_LIKE, TINY, digit_image, png_bytes, service_settings
 
 
 def tiny_card(model_repository: Path) -> dict[str, Any]:
@@ -159,3 +159,17 @@ def test_parallel_runs_use_single_thread_sessions_with_the_same_outputs(
 
 def test_one_intra_op_thread_needs_no_second_session(make_client: Any, model_repository: Path) -> None:
     assert not make_client(model_repository).app.state.registry.get(TINY)._narrow
+
+
+def test_the_card_can_lower_the_batch_size_never_raise_it(make_client: Any, model_repository: Path) -> None:
+    registry = make_client(model_repository).app.state.registry  # CAPSNET_MAX_BATCH_SIZE 8 in the tests
+    assert registry.get(EM_LIKE).max_batch_size == 1  # its card's serving.max_batch_size
+    assert registry.get(TINY).max_batch_size == 8  # no serving hints: the service's
+    assert make_client(model_repository, max_batch_size=1).app.state.registry.get(TINY).max_batch_size == 1
+
+
+def test_serving_hints_are_checked(model_repository: Path) -> None:
+    card = tiny_card(model_repository)
+    with pytest.raises(CardError, match="max_batch_size"):
+        parse_card({**card, "serving": {"max_batch_size": 0}})
+    assert parse_card({**card, "serving": {"max_batch_size": 4}}).serving.max_batch_size == 4  # type: ignore[union-attr]

@@ -425,3 +425,17 @@ def test_export_verifies_and_evaluates_on_real_mnist(checkpoint: Path, real_mnis
         ref = model(torch.from_numpy(images))
     (lengths,) = session(tmp_path / "capsnet-real" / "capsnet.onnx").run(["lengths"], {"image": images})
     assert np.abs(lengths - ref.lengths.numpy()).max() <= 1e-4
+
+
+def test_em_export_has_no_decoder_and_asks_to_be_served_one_image_per_run(tmp_path: Path) -> None:
+    arch = ARCHITECTURES["em"]
+    config = arch.make_config("tiny", {})
+    torch.manual_seed(0)
+    model = arch.build(config).eval()
+    out = tmp_path / "tiny-em"
+    card = export_module(model, "em", config, out, name="tiny-em")
+    assert set(card) == CARD_FIELDS | {"serving"}
+    assert card["decoder"] is None and card["pose_shape"] == [4, 4] and card["scores"]["kind"] == "activation"
+    assert card["serving"]["max_batch_size"] == 1 and "python -m training.benchmark --arch em" in card["serving"]["why"]
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".onnx") == ["capsnet.onnx"]
+    verify_model_dir(out)
