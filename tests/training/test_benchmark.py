@@ -24,7 +24,7 @@ def test_benchmark_prints_machine_and_rates(capsys: pytest.CaptureFixture[str]) 
 def test_em_benchmark_prints_the_comparison_with_the_dynamic_model(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(benchmark, "default_intra_op_threads", lambda: 2)  # parallel callers even on one core
+    monkeypatch.setattr(benchmark, "usable_cpus", lambda: 2)  # parallel callers even on one core
     args = ["--arch", "em", "--preset", "tiny", "--device", "cpu", "--batch-size", "2", "--train-steps", "1"]
     assert benchmark.main([*args, "--seconds", "0.02", "--routing-iterations", "3"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -33,7 +33,7 @@ def test_em_benchmark_prints_the_comparison_with_the_dynamic_model(
     assert set(cmp["train_images_per_s_batch32"]) == {"em", "dynamic"}
     assert list(cmp["onnx_images_per_s_em"]) == [str(b) for b in benchmark.ORT_BATCHES]
     assert all(v > 0 for v in cmp["onnx_images_per_s_em"].values())
-    assert list(cmp["onnx_images_per_s_em_parallel"]) == [str(b) for b in benchmark.ORT_BATCHES]
+    assert list(cmp["onnx_images_per_s_em_parallel"]) == [str(b) for b in benchmark.PARALLEL_BATCHES]
     assert cmp["onnx_parallel_callers"] == 2 and cmp["onnx_images_per_s_dynamic_batch32_parallel"] > 0
     # each model at its best: EM over batches and both modes, the dynamic model at batch 32 in either mode
     modes = {"serial": cmp["onnx_images_per_s_em"], "parallel": cmp["onnx_images_per_s_em_parallel"]}
