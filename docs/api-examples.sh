@@ -72,6 +72,13 @@ for OTHER in $OTHERS; do  # every other bundled model (the int8 one), by name
   run curl -s -F files=@seven.png "'$H/v1/models/$OTHER/classify?top_k=3'"
 done
 run curl -s -F files=@seven.png "$H/v1/capsules"
+NO_DECODER=$(curl -s "$H/v1/models" | "$BIN/python" -c '
+import json, sys
+print(" ".join(m["name"] for m in json.load(sys.stdin)["models"] if not m["has_decoder"]))')
+for OTHER in $NO_DECODER; do  # a model without a decoder (EM routing): 4x4 poses, and no reconstruction
+  run curl -s -F files=@seven.png "$H/v1/models/$OTHER/capsules"
+  run curl -s -F files=@seven.png "'$H/v1/models/$OTHER/reconstruct?class=7'"
+done
 run curl -s -F files=@seven.png "'$H/v1/reconstruct?class=7'"
 run curl -s -F files=@seven.png "'$H/v1/perturb?low=-0.1&high=0.1&step=0.1'"
 POSES=$(cd "$WORK" && curl -s -F files=@seven.png "$H/v1/capsules" | "$BIN/python" -c 'import json,sys; print(json.dumps({"poses": json.load(sys.stdin)["capsules"][0]["poses"], "class": 7}))')

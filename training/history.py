@@ -19,6 +19,15 @@ from typing import Any
 from training.entry import cli_error
 
 MARKERS = ("<!-- training-table:start -->", "<!-- training-table:end -->")
+
+
+def table_markers(name: str | None) -> tuple[str, str]:
+    """The README markers of a training table: unnamed (the bundled dynamic model's) or `training-table:NAME`."""
+    if name is None:
+        return MARKERS
+    return f"<!-- training-table:{name}:start -->", f"<!-- training-table:{name}:end -->"
+
+
 PRECISION_NAMES = {"float32": "float32", "bfloat16-mixed": "bf16 mixed"}
 REQUIRED = ("epoch", "train_loss", "test_error")
 
@@ -131,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         "--update-readme", type=Path, metavar="README", help="rewrite README between the training-table markers"
     )
     parser.add_argument(
+        "--table",
+        metavar="NAME",
+        help="with --update-readme: the table between the training-table:NAME markers, for a README with several "
+        "(default: the unnamed training-table markers)",
+    )
+    parser.add_argument(
         "--source", help="the path the text names as the table's source (default: the metrics path as given)"
     )
     args = parser.parse_args(argv)
@@ -140,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             print(text, end="")
             return 0
         readme = args.update_readme.read_text()
-        args.update_readme.write_text(replace_between_markers(readme, text))
+        args.update_readme.write_text(replace_between_markers(readme, text, table_markers(args.table)))
     except (HistoryError, OSError) as e:
         return cli_error("python -m training.history", e)
     print(f"{args.update_readme} updated")

@@ -16,6 +16,7 @@ from training.history import (
     render_table,
     replace_between_markers,
     selections,
+    table_markers,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,10 +102,22 @@ def test_cli_updates_a_readme_and_fails_in_one_line(tmp_path: Path, capsys: pyte
     assert err.startswith("python -m training.history: error: cannot read") and err.count("\n") == 1
 
 
-def test_the_readme_table_is_what_the_committed_metrics_render() -> None:
+@pytest.mark.parametrize("model, table", [("capsnet-mnist", None), ("capsnet-em-mnist", "capsnet-em-mnist")])
+def test_the_readme_table_is_what_the_committed_metrics_render(model: str, table: str | None) -> None:
     """The README's training figures come from the committed metrics.jsonl, not from hand edits."""
     readme = (ROOT / "README.md").read_text()
-    source = "docs/training/capsnet-mnist/metrics.jsonl"
+    source = f"docs/training/{model}/metrics.jsonl"
     assert source in readme
-    expected = replace_between_markers(readme, render(load_history(ROOT / source), source))
-    assert readme == expected, f"run: python -m training.history {source} --update-readme README.md"
+    expected = replace_between_markers(readme, render(load_history(ROOT / source), source), table_markers(table))
+    option = f" --table {table}" if table else ""
+    assert readme == expected, f"run: python -m training.history {source} --update-readme README.md{option}"
+
+
+def test_named_tables_have_their_own_markers(tmp_path: Path) -> None:
+    metrics = _write(tmp_path / "m.jsonl", [_epoch(1, 0.02)])
+    readme = tmp_path / "README.md"
+    start, end = table_markers("em")
+    readme.write_text(f"{MARKERS[0]}\nkept\n{MARKERS[1]}\n{start}\nold\n{end}\n")
+    assert main([str(metrics), "--update-readme", str(readme), "--table", "em"]) == 0
+    text = readme.read_text()
+    assert "kept" in text and "old" not in text and "2.00%" in text.split(start)[1]
