@@ -211,7 +211,7 @@ class DynamicBatcher:
                 )
             self._queue.append(request)
             self._m_depth.set(len(self._queue))
-            self._changed.notify()
+            self._changed.notify_all()  # the gathering worker, which may be waiting for company, among them
         return False
 
     def _timeout(self) -> InferenceTimeout:
@@ -220,6 +220,10 @@ class DynamicBatcher:
     def _expire(self, future: asyncio.Future[Tensors]) -> None:
         if not future.done():
             future.set_exception(self._timeout())
+
+    def _more_work(self) -> bool:
+        """Requests are queued or a batch is being gathered (read unlocked by `RunSlots`: a hint)."""
+        return bool(self._queue) or self._gathering
 
     def _idle_slot(self) -> bool:
         """No batch is being gathered and a worker's share of the slots is unused (holding `_changed`)."""
@@ -302,7 +306,7 @@ class DynamicBatcher:
             inputs = {
                 k: np.concatenate([r.inputs[k] for r in live]) if len(live) > 1 else live[0].inputs[k] for k in names
             }
-            with self._slots.run(can_narrow=self._narrow_fn is not None) as wide:
+            with self._slots.run(self._narrow_fn is not None, self._more_work) as wide:
                 start = time.perf_counter()
                 outputs = self._run_fn(inputs) if wide or self._narrow_fn is None else self._narrow_fn(inputs)
                 seconds = time.perf_counter() - start

@@ -5,16 +5,22 @@ preempted by the event loop stalls the other. Two runs at once, each on one thre
 on the 2-core development machine they infer 10-23% more images per second than one 2-thread run
 (docs/serving-performance.md). A lone run still uses every thread: alone, it finishes sooner.
 
-So `RunSlots` hands out `slots` tokens (the intra-op threads): a run made while every slot is free and nobody else
-waits takes them all and runs on the wide session; a run made under load takes one slot and runs on a narrow
-(single-thread) session. One `RunSlots` serves every graph of the service.
+So `RunSlots` hands out `slots` tokens (the intra-op threads): a run made while every slot is free, nobody else
+waits and its graph has no more work coming (nothing queued, no batch being gathered) takes them all and runs on
+the wide session; a run made under load takes one slot and runs on a narrow (single-thread) session. Without the
+"more work" check two workers of a loaded graph would take turns running wide, each alone at the moment it asks.
+One `RunSlots` serves every graph of the service.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+
+def _never() -> bool:
+    return False
 
 
 class RunSlots:
@@ -34,14 +40,16 @@ class RunSlots:
         return self._free
 
     @contextmanager
-    def run(self, can_narrow: bool) -> Iterator[bool]:
+    def run(self, can_narrow: bool, more_work: Callable[[], bool] = _never) -> Iterator[bool]:
         """Hold slots for one run; yields True for a wide run (every slot: use the wide session), else False.
 
         `can_narrow` False: the graph has no single-thread session (one slot budget, or a GPU), so the run waits
         for every slot. A run that needs them all is not starved: while it waits, narrow runs take no new slot.
+        `more_work`: whether the run's graph has work beyond this run (queued requests, a batch being gathered);
+        read each time the slots are checked, it keeps a loaded graph's runs narrow.
         """
         with self._changed:
-            take = self._acquire(can_narrow)
+            take = self._acquire(can_narrow, more_work)
         try:
             yield take == self.slots
         finally:
@@ -49,13 +57,13 @@ class RunSlots:
                 self._free += take
                 self._changed.notify_all()
 
-    def _acquire(self, can_narrow: bool) -> int:
+    def _acquire(self, can_narrow: bool, more_work: Callable[[], bool]) -> int:
         """Wait (holding `_changed`) for the slots of one run; returns how many were taken."""
         self._waiting += 1
         self._waiting_wide += not can_narrow
         try:
             while True:
-                if self._free == self.slots and (not can_narrow or self._waiting == 1):
+                if self._free == self.slots and (not can_narrow or (self._waiting == 1 and not more_work())):
                     take = self.slots  # alone: the whole budget
                     break
                 if can_narrow and self._free and not self._waiting_wide:

@@ -211,3 +211,31 @@ def test_close_drains_every_worker() -> None:
         return list(await asyncio.gather(*pending))
 
     assert [o["y"].tolist() for o in asyncio.run(main())] == [[2.0 * i] for i in range(8)]
+
+
+def test_with_two_workers_a_full_batch_still_ends_the_queue_delay_early() -> None:
+    fakes = TwoSessions()
+
+    async def main() -> float:
+        policy = BatchingPolicy(4, 2.0, 100, 5.0)  # a long delay: only a full batch ends it sooner
+        batcher = DynamicBatcher("m", "g", fakes.session("w"), policy, RunSlots(2), Metrics(), fakes.session("n"))
+        batcher.start()
+        start = time.perf_counter()
+        try:
+            pending = []
+            for i in range(4):
+                pending.append(asyncio.ensure_future(batcher.submit({"x": np.array([float(i)], np.float32)})))
+                await asyncio.sleep(0.01)
+            await asyncio.gather(*pending)
+            return time.perf_counter() - start
+        finally:
+            await batcher.close()
+
+    assert asyncio.run(main()) < 1.0
+    assert [rows for _, rows in fakes.calls] == [4]
+
+
+def test_a_run_whose_graph_has_more_work_coming_runs_narrow_even_alone() -> None:
+    slots = RunSlots(2)
+    with slots.run(can_narrow=True, more_work=lambda: True) as wide:
+        assert not wide and slots.free == 1
