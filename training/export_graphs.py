@@ -165,7 +165,8 @@ def check_graph(proto: onnx.ModelProto, file: str, inputs: list[str], outputs: l
 def max_abs_diffs(
     file: str, batch: int, names: list[str], roles: list[str], expected: list[np.ndarray], got: list[np.ndarray]
 ) -> dict[str, float]:
-    """Max abs difference per output; raise when a shape differs or a difference exceeds its role's tolerance."""
+    """Max abs difference per output; raise when a shape differs or a difference exceeds its role's tolerance
+    (times the output's largest magnitude where that exceeds 1)."""
     diffs: dict[str, float] = {}
     for name, role, want, have in zip(names, roles, expected, got, strict=True):
         if have.shape != want.shape:
@@ -173,7 +174,9 @@ def max_abs_diffs(
                 f"{file}: {name} has shape {list(have.shape)} at batch {batch}, PyTorch gives {list(want.shape)}"
             )
         diff = float(np.max(np.abs(want.astype(np.float64) - have))) if want.size else 0.0
-        tolerance = TOLERANCES[role]
+        # relative above magnitude 1: EM's pose matrices are unbounded (|M| ~ 100 after training, where float32
+        # summation order alone moves the last ~1e-5 of a value); lengths, activations and images are not
+        tolerance = TOLERANCES[role] * max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
         if not diff <= tolerance:  # also catches NaN
             raise ExportError(
                 f"{file}: {name} differs from PyTorch by {diff:.3g} at batch {batch} (tolerance {tolerance:g})"

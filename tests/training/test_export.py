@@ -439,3 +439,14 @@ def test_em_export_has_no_decoder_and_asks_to_be_served_one_image_per_run(tmp_pa
     assert card["serving"]["max_batch_size"] == 1 and "python -m training.benchmark --arch em" in card["serving"]["why"]
     assert sorted(p.name for p in out.iterdir() if p.suffix == ".onnx") == ["capsnet.onnx"]
     verify_model_dir(out)
+
+
+def test_parity_tolerance_scales_with_large_outputs_only() -> None:
+    big = np.array([[134.0, -2.0]], np.float32)
+    small = np.array([[0.5, -0.2]], np.float32)
+    # 134 * 1e-4 allows 0.0134 on an unbounded output; a bounded one keeps the absolute 1e-4
+    assert export_graphs.max_abs_diffs("g", 1, ["poses"], ["poses"], [big], [big + 0.001])["poses"] > 1e-4
+    with pytest.raises(ExportError, match=r"poses differs from PyTorch by 0\.02"):
+        export_graphs.max_abs_diffs("g", 1, ["poses"], ["poses"], [big], [big + 0.02])
+    with pytest.raises(ExportError, match=r"tolerance 0\.0001"):
+        export_graphs.max_abs_diffs("g", 1, ["lengths"], ["scores"], [small], [small + 0.001])
