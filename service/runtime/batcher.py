@@ -211,7 +211,10 @@ class DynamicBatcher:
                 )
             self._queue.append(request)
             self._m_depth.set(len(self._queue))
-            self._changed.notify_all()  # the gathering worker, which may be waiting for company, among them
+            if self._gathering:  # the gatherer may be waiting for company: a single notify could wake another
+                self._changed.notify_all()
+            else:
+                self._changed.notify()
         return False
 
     def _timeout(self) -> InferenceTimeout:

@@ -79,3 +79,17 @@ def test_ort_profile_rejects_a_batch_below_1(capsys: pytest.CaptureFixture[str])
         benchmark.main(["--ort-profile", "0"])
     assert exc.value.code == 2
     assert "--ort-profile batches must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_em_comparison_when_parallel_callers_are_faster(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(benchmark, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(benchmark, "time_onnx_parallel", lambda cfg, batches, s, c: {b: 1e6 / b for b in batches})
+    args = ["--arch", "em", "--preset", "tiny", "--device", "cpu", "--batch-size", "2", "--train-steps", "1"]
+    assert benchmark.main([*args, "--seconds", "0.02"]) == 0
+    cmp = json.loads(capsys.readouterr().out)["em_vs_dynamic"]
+    assert cmp["onnx_best_em"] == {"mode": "parallel", "batch": 1}
+    assert cmp["onnx_ratio"] == pytest.approx(1e6 / cmp["onnx_images_per_s_dynamic_batch32_parallel"], abs=1e-3)
+    serial = cmp["onnx_images_per_s_em"]
+    assert cmp["onnx_largest_batch_vs_best"] == pytest.approx(serial["64"] / max(serial.values()), abs=1e-3)
