@@ -23,8 +23,9 @@ def test_every_json_example_is_compact_as_the_server_sends_it() -> None:
     json_outputs = [o for o in outputs if o.startswith("{")]
     assert len(outputs) >= 18 and len(json_outputs) >= 12
     for output in json_outputs:
-        compact = json.dumps(json.loads(output), ensure_ascii=False, separators=(",", ":"))
-        assert output == compact, output[:200]
+        json.loads(output)
+        # no whitespace outside strings (numbers keep the server's spelling: its encoder writes 4e-6, Python 4e-06)
+        assert not re.search(r"\s", re.sub(r'"(?:\\.|[^"\\])*"', '""', output)), output[:200]
 
 
 def test_the_examples_cover_both_bundled_models() -> None:
