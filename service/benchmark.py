@@ -33,7 +33,7 @@ import onnxruntime as ort
 from service.core.config import Settings, cgroup_cpu_limit
 from service.flops import GemmProbe, onnx_flops_per_image
 from service.loadgen import DRIVERS, KINDS, LoadResult, available_drivers, drives, grpc_failures, payload, run_load
-from service.machine import cpu_busy_percent, cpu_model, load_average
+from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
 from service.raw_ort import (
     Parallel,
     RawRow,
@@ -84,10 +84,9 @@ def load_average_1m() -> float | None:
 
 
 def machine() -> dict[str, Any]:
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": cpu_model(),
-        "cpus_usable": affinity,
+        "cpus_usable": usable_cpus(),
         "cgroup_cpu_quota": cgroup_cpu_limit(),
         "load_average_1m": load_average_1m(),
         "cpu_busy_percent_before": cpu_busy_percent(),

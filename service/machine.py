@@ -8,6 +8,11 @@ import time
 from pathlib import Path
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), not the host's count where the two differ."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo where there is one, else the platform's processor or machine type."""
     try:

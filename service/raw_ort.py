@@ -18,17 +18,6 @@ def percentile_ms(latencies: list[float], q: float) -> float:
     return float(np.percentile(np.array(latencies) * 1000.0, q)) if latencies else float("nan")
 
 
-def raw_slice(session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> list[float]:
-    """Run the batch in `feed` for `seconds` (at least 3 runs); the latency of each run."""
-    latencies: list[float] = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds or len(latencies) < 3:
-        t0 = time.perf_counter()
-        session.run(None, feed)
-        latencies.append(time.perf_counter() - t0)
-    return latencies
-
-
 def parallel_slice(
     session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float, callers: int
 ) -> tuple[int, float, list[float]]:
@@ -67,6 +56,11 @@ def parallel_sweep(
         rows.append(RawRow(batch, len(latencies), images / elapsed, percentile_ms(latencies, 50), cpu_ms))
         print(f"  {card.name} raw batch {batch:4d} x{callers} callers, 1 thread each: {images / elapsed:9.1f} img/s")
     return rows
+
+
+def raw_slice(session: ort.InferenceSession, feed: dict[str, np.ndarray], seconds: float) -> list[float]:
+    """Run the batch in `feed` for `seconds` (at least 3 runs), serially; the latency of each run."""
+    return parallel_slice(session, feed, seconds, 1)[2]
 
 
 def random_feed(card: ModelCard, batch: int) -> dict[str, np.ndarray]:

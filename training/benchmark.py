@@ -31,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from service.machine import usable_cpus
 from service.raw_ort import parallel_slice
 from service.runtime.model_dir import create_session, session_options
 from training.architectures import get_architecture
@@ -136,11 +137,6 @@ def time_onnx(
     return rates
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on: one parallel caller each."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def time_onnx_parallel(cfg: TrainConfig, batches: tuple[int, ...], seconds: float, callers: int) -> dict[int, float]:
     """Images/s of `callers` threads sharing one single-thread ONNX Runtime session (wall clock), as the service
     runs batches under load (`CAPSNET_PARALLEL_RUNS`)."""
@@ -149,8 +145,8 @@ def time_onnx_parallel(cfg: TrainConfig, batches: tuple[int, ...], seconds: floa
     rates = {}
     for batch in batches:
         feed = random_images(batch, shape)
-        parallel_slice(session, feed, 0.0, callers)  # warm-up
-        parallel_slice(session, feed, 0.0, callers)
+        for _ in range(2):  # warm-up: the arena grows over a new shape's first runs
+            parallel_slice(session, feed, 0.0, callers)
         images, elapsed, _ = parallel_slice(session, feed, seconds, callers)
         rates[batch] = round(images / elapsed, 1)
     return rates

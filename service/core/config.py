@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.machine import usable_cpus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_REPOSITORY = REPO_ROOT / "model" / "zoo"
@@ -49,7 +50,7 @@ def _read_cpu_limit(root: Path) -> float | None:
 
 def default_intra_op_threads(root: Path = CGROUP_ROOT) -> int:
     """The CPU quota rounded up, capped by the CPUs this process may run on; never the host's core count alone."""
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    available = usable_cpus()
     limit = cgroup_cpu_limit(root)
     if limit is None:
         return available

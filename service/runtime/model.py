@@ -80,20 +80,13 @@ class ServedModel:
         card = self.card
         start = time.perf_counter()
         try:
-            graph = create_session(self.path / GRAPH_FILE, options.provider, options.intra_op_threads)
-            outputs = [o.name for o in card.outputs]
-            self._check_graph(graph, [card.input.name], outputs, GRAPH_FILE)
-            self._runners["capsnet"] = _runner(graph, outputs)
-            if card.decoder is not None:
-                decoder = create_session(self.path / card.decoder.file, options.provider, options.intra_op_threads)
-                self._check_graph(
-                    decoder, [i.name for i in card.decoder.inputs], [card.decoder.output.name], card.decoder.file
-                )
-                self._runners["decoder"] = _runner(decoder, [card.decoder.output.name])
-            self.provider = active_provider(graph)
+            graphs = ["capsnet", "decoder"] if card.decoder is not None else ["capsnet"]
+            sessions = {name: self._open(name, options.provider, options.intra_op_threads) for name in graphs}
+            self._runners = {name: _runner(session, outputs) for name, (session, outputs) in sessions.items()}
+            self.provider = active_provider(sessions["capsnet"][0])
             policy = self._policy(options.policy)
             if options.parallel_runs > 1 and self.provider == "CPUExecutionProvider":
-                self._narrow = {name: self._narrow_runner(name) for name in self._runners}
+                self._narrow = {name: _runner(*self._open(name, "cpu", 1)) for name in graphs}
             self._batchers = {
                 graph_name: DynamicBatcher(
                     self.name, graph_name, run, policy, slots, self._metrics, self._narrow.get(graph_name)
@@ -129,15 +122,18 @@ class ServedModel:
         batcher = self._batchers.get("capsnet")
         return batcher.policy.max_batch_size if batcher else None
 
-    def _narrow_runner(self, graph_name: str) -> RunFn:
-        """The graph on a single-thread CPU session (the wide session's outputs, as the card names them)."""
+    def _open(self, graph_name: str, provider: str, threads: int) -> tuple[ort.InferenceSession, list[str]]:
+        """A session of the card's `capsnet` or `decoder` graph, checked against the card; with its output names."""
         card = self.card
         assert card is not None
         if graph_name == "decoder":
             assert card.decoder is not None
-            session = create_session(self.path / card.decoder.file, "cpu", 1)
-            return _runner(session, [card.decoder.output.name])
-        return _runner(create_session(self.path / GRAPH_FILE, "cpu", 1), [o.name for o in card.outputs])
+            file, inputs, outputs = card.decoder.file, [i.name for i in card.decoder.inputs], [card.decoder.output.name]
+        else:
+            file, inputs, outputs = GRAPH_FILE, [card.input.name], [o.name for o in card.outputs]
+        session = create_session(self.path / file, provider, threads)
+        self._check_graph(session, inputs, outputs, file)
+        return session, outputs
 
     def fail(self, error: str) -> None:
         self.state, self.error = ModelState.FAILED, error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def test_environment_variables_use_the_capsnet_prefix(monkeypatch: pytest.Monkey
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in config.os.environ if n.startswith("CAPSNET_")]:
+    for name in [n for n in os.environ if n.startswith("CAPSNET_")]:
         monkeypatch.delenv(name)
     settings = Settings()
     assert settings.model_repository == BUNDLED_REPOSITORY == Path(config.__file__).parents[2] / "model" / "zoo"
@@ -57,12 +58,12 @@ def test_cgroup_v1_quota(tmp_path: Path) -> None:
 
 
 def test_threads_follow_the_quota_not_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     write(tmp_path / "cpu.max", "150000 100000\n")
     assert default_intra_op_threads(tmp_path) == 2  # 1.5 CPUs, rounded up
     write(tmp_path / "cpu.max", "max 100000\n")
     assert default_intra_op_threads(tmp_path) == 64  # no quota: the CPUs this process may use
-    monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     write(tmp_path / "cpu.max", "800000 100000\n")
     assert default_intra_op_threads(tmp_path) == 2  # never more than the CPUs it may run on
 
@@ -74,7 +75,7 @@ def test_unreadable_cgroup_quota_falls_back_to_the_cpus(tmp_path: Path, text: st
 
 
 def test_grpc_port_default_and_conflict(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in config.os.environ if n.startswith("CAPSNET_")]:
+    for name in [n for n in os.environ if n.startswith("CAPSNET_")]:
         monkeypatch.delenv(name)
     assert Settings().grpc_port == 8001
     assert Settings(grpc_port=0, port=8000).grpc_port == 0  # gRPC off
