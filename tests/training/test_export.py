@@ -365,8 +365,9 @@ def test_cli_exports_a_checkpoint_and_the_model_evaluates_like_the_card(
 
 @pytest.mark.slow
 def test_cli_dry_run_verifies_and_writes_nothing(
-    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("CAPSNET_DATA_DIR", raising=False)  # about the CLI without MNIST: not the environment's
     out = tmp_path / "capsnet-dry"
     assert export.main([str(checkpoint), "--out", str(out), "--dry-run", "--no-torchscript", "--pt2"]) == 0
     summary = json.loads(capsys.readouterr().out)

@@ -52,7 +52,10 @@ def test_reexport_keeps_the_training_record_and_bumps_the_version(
     assert card["export"]["parity"]["capsnet.onnx"]["batch_64"]["explanation"] <= 1e-3
 
 
-def test_cli_from_model_dir(original: tuple[CapsNet, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_from_model_dir(
+    original: tuple[CapsNet, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CAPSNET_DATA_DIR", raising=False)  # about the CLI without MNIST: not the environment's
     _, directory = original
     out = tmp_path / "tiny"
     args = ["--from-model-dir", str(directory), "--out", str(out), "--no-evaluate", "--no-torchscript"]

@@ -583,8 +583,9 @@ def test_sections_say_where_their_models_trained() -> None:
 
 
 def test_update_rewrites_only_the_named_sections_and_keeps_the_rest(
-    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("CAPSNET_DATA_DIR", raising=False)  # about the CLI without MNIST: not the environment's
     out = tmp_path / "docs"
     base = ["--tiny", "--out", str(out), "--zoo", str(tmp_path / "zoo"), "--device", "cpu"]
     update = [*base, "--data-dir", str(synthetic_mnist), "--sections", "baseline", "--update"]
