@@ -551,10 +551,47 @@ def test_mnist_table_says_what_the_em_row_is_missing_until_an_em_model_is_bundle
     text = mnist_models.render_mnist_models(ctx, saved, None)
     assert "| EM routing (Hinton et al. 2018) | em, 3 iterations | no | not yet measured |" in text
     assert "What is missing is a trained EM-routing model directory in `model/zoo`" in text
-    assert "capsnet-export runs/capsnet-em-small/best_val.pt --out model/zoo/capsnet-em-small" in text
+    assert "capsnet-export runs/capsnet-em-small/best_val.pt --out model/zoo/capsnet-em-mnist" in text
     em = {"name": "capsnet-em-small", "architecture": "em", "routing": {"algorithm": "em", "iterations": 3}}
     saved = common.save_result(ctx, "mnist_models", {"zoo": "model/zoo", "models": [dynamic, em]}, {})
     assert "EM routing: not yet measured" not in mnist_models.render_mnist_models(ctx, saved, None)
+
+
+def test_mnist_section_shows_how_each_bundled_model_was_trained(tmp_path: Path) -> None:
+    history = [
+        {"epoch": 1, "test_error": 0.0699, "val_error": 0.07},
+        {"epoch": 2, "test_error": 0.014, "val_error": 0.0138},
+        {"epoch": 3, "test_error": 0.0106, "val_error": 0.014},
+    ]
+    card = {
+        "name": "capsnet-em-mnist",
+        "training": {
+            "epochs": 2,
+            "history": history,
+            "train_config": {"preset": "small"},
+            "checkpoint": {"file": "best_val.pt"},
+        },
+    }
+    summary = mnist_models.training_summary(card)
+    assert summary is not None
+    assert summary["test_error_by_epoch"] == [0.0699, 0.014, 0.0106] and summary["val_error_by_epoch"][1] == 0.0138
+    assert summary["curve"] == "docs/training/capsnet-em-mnist/training_curve.png"  # the bundled model's, committed
+    assert mnist_models.training_summary({"name": "x"}) is None  # a card without its run: no paragraph
+    assert mnist_models.training_summary({"name": "x", "training": {"history": history}})["curve"] is None
+    ctx = context(tmp_path)
+    em = {"name": "capsnet-em-mnist", "architecture": "em", "parameters": 68444, "routing": {}, "training": summary}
+    text = mnist_models.render_mnist_models(
+        ctx, common.save_result(ctx, "mnist_models", {"zoo": "z", "models": [em]}, {}), None
+    )
+    assert (
+        "**capsnet-em-mnist** (small preset, 68,444 parameters): epoch 2, the epoch with the lowest validation " in text
+    )
+    assert (
+        "Test error by epoch (%): 6.99, 1.40, 1.06." in text
+        and "(%, held-out training images): 7.00, 1.38, 1.40." in text
+    )
+    link = Path(text.split("![training curve of capsnet-em-mnist](")[1].split(")")[0])
+    assert (ctx.out / link).resolve() == (common.REPO_ROOT / summary["curve"]).resolve()
 
 
 @pytest.mark.parametrize("multimnist", [False, True])

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from service.runtime.model_dir import read_card
 from training.report.common import (
+    REPO_ROOT,
     Context,
     NotMeasured,
     Saved,
@@ -45,11 +48,63 @@ EM_MISSING = "\n".join(
         "```bash",
         "capsnet-train --arch em --preset small --data-dir ../shared/data/mnist --out runs/capsnet-em-small \\",
         "    --epochs 30 --batch-size 32 --val-split 5000 --max-minutes 30",
-        "capsnet-export runs/capsnet-em-small/best_val.pt --out model/zoo/capsnet-em-small",
+        "capsnet-export runs/capsnet-em-small/best_val.pt --out model/zoo/capsnet-em-mnist",
         "python -m training.report --data-dir ../shared/data/mnist --sections mnist_models",
         "```",
     ]
 )
+
+
+CURVES = REPO_ROOT / "docs" / "training"  # docs/training/<model name>/training_curve.png, written by capsnet-export
+
+
+def training_summary(card: dict[str, Any]) -> dict[str, Any] | None:
+    """What the card says about the run behind a model: preset, the epoch exported and why, error per epoch."""
+    training = card.get("training")
+    if not isinstance(training, dict) or not training.get("history"):
+        return None
+    cfg = training.get("train_config") or {}
+    history = [h for h in training["history"] if isinstance(h, dict) and "epoch" in h]
+    return {
+        "preset": cfg.get("preset"),
+        "epoch": training.get("epochs"),
+        "checkpoint": (training.get("checkpoint") or {}).get("file"),
+        "init_from": training.get("init_from"),
+        "test_error_by_epoch": [h.get("test_error") for h in history],
+        "val_error_by_epoch": [h.get("val_error") for h in history] if any("val_error" in h for h in history) else None,
+        "curve": shown(CURVES / card["name"] / "training_curve.png")
+        if (CURVES / str(card.get("name")) / "training_curve.png").is_file()
+        else None,
+    }
+
+
+SELECTION = {"best_val.pt": "the lowest validation error", "best.pt": "the lowest test error", "last.pt": "the last"}
+
+
+def render_training(ctx: Context, models: list[dict[str, Any]]) -> list[str]:
+    """One paragraph and the training curve per bundled model whose card records its run."""
+    out: list[str] = []
+    for m in models:
+        t = m.get("training")
+        if not t:
+            continue
+        errors = ", ".join("—" if e is None else f"{100 * e:.2f}" for e in t["test_error_by_epoch"])
+        chosen = SELECTION.get(t.get("checkpoint") or "", "a chosen")
+        preset = f"{t['preset']} preset, " if t.get("preset") else ""
+        start = f", started from `{t['init_from']}`" if t.get("init_from") else ""
+        out += [
+            f"**{m['name']}** ({preset}{m.get('parameters') or 0:,} parameters{start}): epoch {t['epoch']}, "
+            f"the epoch with {chosen} (`{t.get('checkpoint')}`). Test error by epoch (%): {errors}.",
+            "",
+        ]
+        if t["val_error_by_epoch"]:
+            vals = ", ".join("—" if e is None else f"{100 * e:.2f}" for e in t["val_error_by_epoch"])
+            out += [f"Validation error by epoch (%, held-out training images): {vals}.", ""]
+        if t.get("curve"):
+            path = REPO_ROOT / t["curve"]
+            link = Path(os.path.relpath(path, ctx.out.resolve())).as_posix()
+            out += [f"![training curve of {m['name']}]({link})", ""]
+    return out
 
 
 def run_mnist_models(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -69,6 +124,7 @@ def run_mnist_models(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray
             "card_n": metrics.get("n"),
             "evaluation": None,
             "evaluation_error": None,
+            "training": training_summary(card),
         }
         try:
             from training.onnx_eval import evaluate_model_dir
@@ -135,6 +191,9 @@ def render_mnist_models(ctx: Context, saved: Saved | None, reason: str | None) -
     out += [md_table(headers, rows + paper_rows), "", provenance(saved), "", *figs, ""]
     if not has_em:
         out += [EM_MISSING, ""]
+    trained = render_training(ctx, saved.result["models"])
+    if trained:
+        out += ["### How each bundled model was trained", "", *trained]
     return "\n".join(out)
 
 
