@@ -577,12 +577,15 @@ def test_mnist_section_shows_how_each_bundled_model_was_trained(tmp_path: Path) 
     assert summary["test_error_by_epoch"] == [0.0699, 0.014, 0.0106] and summary["val_error_by_epoch"][1] == 0.0138
     assert summary["curve"] == "docs/training/capsnet-em-mnist/training_curve.png"  # the bundled model's, committed
     assert mnist_models.training_summary({"name": "x"}) is None  # a card without its run: no paragraph
+    int8 = {**card, "name": "capsnet-em-mnist-int8", "quantization": {"method": "percentile"}, "parent": {"name": "p"}}
+    assert mnist_models.training_summary(int8) == {"quantized_from": "p"}  # its parent's run is not repeated
     assert mnist_models.training_summary({"name": "x", "training": {"history": history}})["curve"] is None
     ctx = context(tmp_path)
     em = {"name": "capsnet-em-mnist", "architecture": "em", "parameters": 68444, "routing": {}, "training": summary}
-    text = mnist_models.render_mnist_models(
-        ctx, common.save_result(ctx, "mnist_models", {"zoo": "z", "models": [em]}, {}), None
-    )
+    q = {"name": "q8", "architecture": "em", "routing": {}, "training": {"quantized_from": "capsnet-em-mnist"}}
+    saved = common.save_result(ctx, "mnist_models", {"zoo": "z", "models": [em, q]}, {})
+    text = mnist_models.render_mnist_models(ctx, saved, None)
+    assert "**q8**: the static int8 quantization of `capsnet-em-mnist` (no training of its own)." in text
     assert (
         "**capsnet-em-mnist** (small preset, 68,444 parameters): epoch 2, the epoch with the lowest validation " in text
     )

@@ -63,6 +63,9 @@ def training_summary(card: dict[str, Any]) -> dict[str, Any] | None:
     training = card.get("training")
     if not isinstance(training, dict) or not training.get("history"):
         return None
+    parent = card.get("parent")
+    if card.get("quantization") and isinstance(parent, dict):  # trained as its parent; say so instead of repeating it
+        return {"quantized_from": parent.get("name")}
     cfg = training.get("train_config") or {}
     history = [h for h in training["history"] if isinstance(h, dict) and "epoch" in h]
     return {
@@ -87,6 +90,12 @@ def render_training(ctx: Context, models: list[dict[str, Any]]) -> list[str]:
     for m in models:
         t = m.get("training")
         if not t:
+            continue
+        if "quantized_from" in t:
+            out += [
+                f"**{m['name']}**: the static int8 quantization of `{t['quantized_from']}` (no training of its own).",
+                "",
+            ]
             continue
         errors = ", ".join("—" if e is None else f"{100 * e:.2f}" for e in t["test_error_by_epoch"])
         chosen = SELECTION.get(t.get("checkpoint") or "", "a chosen")
