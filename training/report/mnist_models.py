@@ -68,6 +68,7 @@ def training_summary(card: dict[str, Any]) -> dict[str, Any] | None:
         return {"quantized_from": parent.get("name")}
     cfg = training.get("train_config") or {}
     history = [h for h in training["history"] if isinstance(h, dict) and "epoch" in h]
+    curve = CURVES / str(card.get("name")) / "training_curve.png"
     return {
         "preset": cfg.get("preset"),
         "epoch": training.get("epochs"),
@@ -75,10 +76,13 @@ def training_summary(card: dict[str, Any]) -> dict[str, Any] | None:
         "init_from": training.get("init_from"),
         "test_error_by_epoch": [h.get("test_error") for h in history],
         "val_error_by_epoch": [h.get("val_error") for h in history] if any("val_error" in h for h in history) else None,
-        "curve": shown(CURVES / card["name"] / "training_curve.png")
-        if (CURVES / str(card.get("name")) / "training_curve.png").is_file()
-        else None,
+        "curve": shown(curve) if curve.is_file() else None,
     }
+
+
+def percents(errors: list[float | None]) -> str:
+    """Error rates as comma-separated percentages (— for an epoch without one)."""
+    return ", ".join("—" if e is None else f"{100 * e:.2f}" for e in errors)
 
 
 SELECTION = {"best_val.pt": "the lowest validation error", "best.pt": "the lowest test error", "last.pt": "the last"}
@@ -97,18 +101,20 @@ def render_training(ctx: Context, models: list[dict[str, Any]]) -> list[str]:
                 "",
             ]
             continue
-        errors = ", ".join("—" if e is None else f"{100 * e:.2f}" for e in t["test_error_by_epoch"])
         chosen = SELECTION.get(t.get("checkpoint") or "", "a chosen")
         preset = f"{t['preset']} preset, " if t.get("preset") else ""
         start = f", started from `{t['init_from']}`" if t.get("init_from") else ""
         out += [
             f"**{m['name']}** ({preset}{m.get('parameters') or 0:,} parameters{start}): epoch {t['epoch']}, "
-            f"the epoch with {chosen} (`{t.get('checkpoint')}`). Test error by epoch (%): {errors}.",
+            f"the epoch with {chosen} (`{t.get('checkpoint')}`). "
+            f"Test error by epoch (%): {percents(t['test_error_by_epoch'])}.",
             "",
         ]
         if t["val_error_by_epoch"]:
-            vals = ", ".join("—" if e is None else f"{100 * e:.2f}" for e in t["val_error_by_epoch"])
-            out += [f"Validation error by epoch (%, held-out training images): {vals}.", ""]
+            out += [
+                f"Validation error by epoch (%, held-out training images): {percents(t['val_error_by_epoch'])}.",
+                "",
+            ]
         if t.get("curve"):
             path = REPO_ROOT / t["curve"]
             link = Path(os.path.relpath(path, ctx.out.resolve())).as_posix()
