@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
+from service.imaging import preprocess
 from service.runtime.ood import FEATURE_TAILS, FeatureReference, OODCalibration
 from tests.conftest import write_mnist_dir
 from training import ood
@@ -114,11 +116,14 @@ def test_cli_calibrates_writes_the_card_and_reports_every_set(
     assert set(report["sets"]) == set(NONDIGIT_SETS)
     assert all(0.0 <= row["auroc"] <= 1.0 and row["n"] == 4 for row in report["sets"].values())
     assert report["mnist_test"]["n"] == 32
+    uploads = report["mnist_test_uploads"]  # the same digits through the service's PNG decoding and preprocessing
+    assert uploads["n"] == 32 and 0.0 <= uploads["accepted"] <= 1.0
     card = json.loads((tiny_model / "model.json").read_text())
     assert card["ood"]["reference"] == {"images": "MNIST training images 16-63", "n": 48}
     assert card["ood"]["threshold"] == report["threshold"]
     printed = capsys.readouterr().out
     assert "| letters | 4 |" in printed and "MNIST test digits accepted:" in printed
+    assert "The same 32 test digits sent as PNG uploads through the service's decoding" in printed
 
 
 def test_cli_refuses_a_reference_larger_than_the_training_set(
@@ -127,3 +132,15 @@ def test_cli_refuses_a_reference_larger_than_the_training_set(
     data = write_mnist_dir(tmp_path / "mnist", n_train=64, n_test=32)
     assert ood.main(["--model", str(tiny_model), "--data-dir", str(data), "--reference", "100"]) == 2
     assert "capsnet-ood: error: --reference 100 must be between 1 and 64" in capsys.readouterr().err
+
+
+def test_uploads_are_what_the_service_feeds_the_model() -> None:
+    """A digit sent as a PNG reaches the model as the service's preprocessing makes it: MNIST-like already."""
+    rng = np.random.default_rng(0)
+    digits = np.zeros((3, 1, 28, 28), np.uint8)
+    digits[:, 0, 6:22, 10:18] = rng.integers(128, 256, (3, 16, 8))
+    got = ood.as_uploads(digits, (1, 28, 28))
+    assert got.shape == (3, 1, 28, 28) and got.dtype == np.float32
+    for picture, fed in zip(digits, got, strict=True):
+        expected = preprocess(Image.fromarray(picture[0]), (28, 28)).array
+        np.testing.assert_array_equal(fed[0], expected)  # PNG is lossless: the upload changes nothing else

@@ -597,6 +597,25 @@ def test_mnist_section_shows_how_each_bundled_model_was_trained(tmp_path: Path) 
     assert (ctx.out / link).resolve() == (common.REPO_ROOT / summary["curve"]).resolve()
 
 
+def test_a_warm_started_run_names_the_model_it_began_from(tmp_path: Path) -> None:
+    init = {"path": "/x/model/zoo/capsnet-mnist", "name": "capsnet-mnist", "version": "3", "capsnet_onnx_sha256": "ab"}
+    card = {
+        "name": "capsnet-mnist",
+        "training": {
+            "epochs": 1,
+            "history": [{"epoch": 1, "test_error": 0.0033}],
+            "checkpoint": {"file": "best.pt"},
+            "init_from": init,
+        },
+    }
+    summary = mnist_models.training_summary(card)
+    model = {"name": "capsnet-mnist", "architecture": "dynamic", "parameters": 5, "routing": {}, "training": summary}
+    ctx = context(tmp_path)
+    text = mnist_models.render_mnist_models(ctx, common.save_result(ctx, "mnist_models", {"models": [model]}, {}), None)
+    assert "(5 parameters, started from `capsnet-mnist` version 3): epoch 1, the epoch with the lowest test" in text
+    assert mnist_models.started_from("runs/a") == "`runs/a`"  # an older card's bare path
+
+
 @pytest.mark.parametrize("multimnist", [False, True])
 def test_costs_counts_what_the_report_trains(multimnist: bool) -> None:
     exp = costs.Experiment("t", "dynamic", 36 if multimnist else 28, {}, multimnist=multimnist, preset="tiny")

@@ -85,6 +85,14 @@ def percents(errors: list[float | None]) -> str:
     return ", ".join("—" if e is None else f"{100 * e:.2f}" for e in errors)
 
 
+def started_from(init: Any) -> str:
+    """The model a warm-started run began from, as its card's `training.init_from` records it."""
+    if isinstance(init, dict) and init.get("name"):
+        version = f" version {init['version']}" if init.get("version") else ""
+        return f"`{init['name']}`{version}"
+    return f"`{init}`"
+
+
 SELECTION = {"best_val.pt": "the lowest validation error", "best.pt": "the lowest test error", "last.pt": "the last"}
 
 
@@ -103,7 +111,7 @@ def render_training(ctx: Context, models: list[dict[str, Any]]) -> list[str]:
             continue
         chosen = SELECTION.get(t.get("checkpoint") or "", "a chosen")
         preset = f"{t['preset']} preset, " if t.get("preset") else ""
-        start = f", started from `{t['init_from']}`" if t.get("init_from") else ""
+        start = f", started from {started_from(t['init_from'])}" if t.get("init_from") else ""
         out += [
             f"**{m['name']}** ({preset}{m.get('parameters') or 0:,} parameters{start}): epoch {t['epoch']}, "
             f"the epoch with {chosen} (`{t.get('checkpoint')}`). "
