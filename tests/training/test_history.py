@@ -102,7 +102,14 @@ def test_cli_updates_a_readme_and_fails_in_one_line(tmp_path: Path, capsys: pyte
     assert err.startswith("python -m training.history: error: cannot read") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("model, table", [("capsnet-mnist", None), ("capsnet-em-mnist", "capsnet-em-mnist")])
+@pytest.mark.parametrize(
+    "model, table",
+    [
+        ("capsnet-mnist", None),
+        ("capsnet-mnist/from-scratch", "capsnet-mnist-from-scratch"),
+        ("capsnet-em-mnist", "capsnet-em-mnist"),
+    ],
+)
 def test_the_readme_table_is_what_the_committed_metrics_render(model: str, table: str | None) -> None:
     """The README's training figures come from the committed metrics.jsonl, not from hand edits."""
     readme = (ROOT / "README.md").read_text()

@@ -213,9 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--capsnet-curve",
-        default=str(REPO_ROOT / "docs" / "training" / "capsnet-mnist" / "metrics.jsonl"),
+        default=str(REPO_ROOT / "docs" / "training" / "capsnet-mnist" / "from-scratch" / "metrics.jsonl"),
         help="a capsnet-train metrics.jsonl drawn beside the baseline CNN's curve "
-        "(default: docs/training/capsnet-mnist/metrics.jsonl, the bundled model's run)",
+        "(default: docs/training/capsnet-mnist/from-scratch/metrics.jsonl, the from-scratch run the bundled model "
+        "was annealed from)",
     )
     p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="training device (default: auto)")
     p.add_argument(
