@@ -716,3 +716,21 @@ def test_a_result_is_partial_while_any_of_its_models_is_unfinished(tmp_path: Pat
     models["dynamic"]["progress"]["finished"] = True
     assert not common.is_partial(saved({"models": models, "histories": {}}))
     assert not common.is_partial(saved({"models": [{"name": "capsnet-mnist"}]}))  # section 1's list of models
+
+
+@pytest.mark.parametrize("best, below_paper", [(0.95, True), (0.995, False)])
+def test_the_affine_section_gives_each_models_last_epoch_and_flags_a_low_match_point(
+    tmp_path: Path, best: float, below_paper: bool
+) -> None:
+    def rows(accs: list[float]) -> list[dict[str, Any]]:
+        return [
+            {"epoch": i + 1, "test_error": 1 - a, "affine_error": 1 - a / 2, "affine_n": 10} for i, a in enumerate(accs)
+        ]
+
+    histories = {"baseline": rows([0.9, best]), "dynamic": rows([0.94, best, 0.999])}
+    models = {arch: {"parameters": 1, "inference_flops_per_image": 1e9} for arch in histories}
+    result = {"histories": histories, "models": models, "matched": affine.match_accuracy(histories)}
+    ctx = context(tmp_path)
+    text = affine.render_affine(ctx, common.save_result(ctx, "affine", result, {}), None)
+    assert ("below the paper's match point" in text) is below_paper
+    assert "Each model's last epoch:" in text and "| CapsNet | 3 | 99.90% | 49.95% |" in text
