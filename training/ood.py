@@ -125,7 +125,7 @@ def acceptance(
         "n": len(labels),
         "accepted": float(accepted.mean()),
         "accuracy_all": float((predicted == labels).mean()),
-        "accuracy_accepted": float((predicted[accepted] == labels[accepted]).mean()),
+        "accuracy_accepted": float((predicted[accepted] == labels[accepted]).mean()) if accepted.any() else None,
     }
     return row, scores
 
@@ -154,6 +154,10 @@ def evaluate(
     return result
 
 
+def _share(value: float | None) -> str:
+    return "— (none accepted)" if value is None else f"{value:.2%}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The REPORT.md table of one model's evaluation."""
     test = report["mnist_test"]
@@ -162,7 +166,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"({report['threshold_rule']} of {report['reference']}).",
         "",
         f"MNIST test digits accepted: {test['accepted']:.2%} of {test['n']:,}; accuracy on the accepted "
-        f"{test['accuracy_accepted']:.2%} (on all: {test['accuracy_all']:.2%}).",
+        f"{_share(test['accuracy_accepted'])} (on all: {test['accuracy_all']:.2%}).",
         "",
         "| non-digit set | images | AUROC vs MNIST test | rejected at the threshold |",
         "|---|---:|---:|---:|",
@@ -175,7 +179,7 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             f"The same {uploads['n']:,} test digits sent as PNG uploads through the service's decoding and "
             f"preprocessing: {uploads['accepted']:.2%} accepted, accuracy on the accepted "
-            f"{uploads['accuracy_accepted']:.2%} (on all: {uploads['accuracy_all']:.2%}).",
+            f"{_share(uploads['accuracy_accepted'])} (on all: {uploads['accuracy_all']:.2%}).",
         ]
     return "\n".join(lines)
 

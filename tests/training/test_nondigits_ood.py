@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from service.imaging import preprocess
+from service.api.inputs import prepare_image
+from service.api.routes.inference import DEFAULT_OPTIONS
+from service.imaging import ImageLimits, open_image
 from service.runtime.ood import FEATURE_TAILS, FeatureReference, OODCalibration
 from tests.conftest import write_mnist_dir
 from training import ood
@@ -141,6 +144,16 @@ def test_uploads_are_what_the_service_feeds_the_model() -> None:
     digits[:, 0, 6:22, 10:18] = rng.integers(128, 256, (3, 16, 8))
     got = ood.as_uploads(digits, (1, 28, 28))
     assert got.shape == (3, 1, 28, 28) and got.dtype == np.float32
-    for picture, fed in zip(digits, got, strict=True):
-        expected = preprocess(Image.fromarray(picture[0]), (28, 28)).array
-        np.testing.assert_array_equal(fed[0], expected)  # PNG is lossless: the upload changes nothing else
+    for picture, fed in zip(digits, got, strict=True):  # what the v1 routes make of the same PNG without options
+        png = io.BytesIO()
+        Image.fromarray(picture[0]).save(png, format="PNG")
+        expected, _, _ = prepare_image(open_image(png.getvalue(), ImageLimits()), (28, 28), DEFAULT_OPTIONS)
+        np.testing.assert_array_equal(fed[0], expected)
+
+
+def test_acceptance_of_nothing_has_no_accuracy() -> None:
+    report = {
+        "model": "m", "version": "1", "threshold": 1.0, "threshold_rule": "r", "reference": "ref", "sets": {},
+        "mnist_test": {"n": 2, "accepted": 0.0, "accuracy_all": 0.5, "accuracy_accepted": None},
+    }  # fmt: skip
+    assert "accuracy on the accepted — (none accepted) (on all: 50.00%)" in ood.markdown(report)

@@ -598,7 +598,7 @@ def test_mnist_section_shows_how_each_bundled_model_was_trained(tmp_path: Path) 
 
 
 def test_a_warm_started_run_names_the_model_it_began_from(tmp_path: Path) -> None:
-    init = {"path": "/x/model/zoo/capsnet-mnist", "name": "capsnet-mnist", "version": "3", "capsnet_onnx_sha256": "ab"}
+    init = {"path": "/x/model/zoo/parent", "name": "parent-mnist", "version": "3", "capsnet_onnx_sha256": "ab"}
     card = {
         "name": "capsnet-mnist",
         "training": {
@@ -612,8 +612,9 @@ def test_a_warm_started_run_names_the_model_it_began_from(tmp_path: Path) -> Non
     model = {"name": "capsnet-mnist", "architecture": "dynamic", "parameters": 5, "routing": {}, "training": summary}
     ctx = context(tmp_path)
     text = mnist_models.render_mnist_models(ctx, common.save_result(ctx, "mnist_models", {"models": [model]}, {}), None)
-    assert "(5 parameters, started from `capsnet-mnist` version 3): epoch 1, the epoch with the lowest test" in text
+    assert "(5 parameters, started from `parent-mnist` version 3): epoch 1, the epoch with the lowest test" in text
     assert mnist_models.started_from("runs/a") == "`runs/a`"  # an older card's bare path
+    assert mnist_models.started_from({"path": "runs/b"}) == "`runs/b`"
 
 
 @pytest.mark.parametrize("multimnist", [False, True])

@@ -90,6 +90,8 @@ def started_from(init: Any) -> str:
     if isinstance(init, dict) and init.get("name"):
         version = f" version {init['version']}" if init.get("version") else ""
         return f"`{init['name']}`{version}"
+    if isinstance(init, dict):
+        return f"`{init.get('path', 'an unnamed model directory')}`"
     return f"`{init}`"
 
 
