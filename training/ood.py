@@ -10,7 +10,6 @@ the AUROC against the test digits, plus the accepted share of test digits and th
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import sys
@@ -19,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
-from service.imaging import ImageLimits, decode_image, preprocess
+from service.imaging import ImageLimits, array_to_png, decode_image, preprocess
 from service.runtime.model_dir import CARD_FILE, GRAPH_FILE, create_session, load_model_dir, read_card, write_card
 from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
 from training.data import load_split, to_float
@@ -107,9 +105,7 @@ def as_uploads(pixels: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     limits = ImageLimits()
     out = np.empty((len(pixels), *shape), np.float32)
     for i, picture in enumerate(pixels):
-        buffer = io.BytesIO()
-        Image.fromarray(picture.reshape(picture.shape[-2:])).save(buffer, format="PNG")
-        image = decode_image(buffer.getvalue(), limits)
+        image = decode_image(array_to_png(picture.reshape(picture.shape[-2:]) / 255.0), limits)
         out[i] = preprocess(image, (shape[-2], shape[-1])).array.reshape(shape)
     return out
 
