@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 from starlette.datastructures import State
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.inputs import ImageBatch, read_images
+from service.api.inputs import ImageBatch, images_from_body
 from service.api.routes.inference import (
     ADDRESSES,
     DEFAULT_OPTIONS,
@@ -132,9 +131,9 @@ class FastPath:
         if target is None or served is None:
             await self.app(scope, receive, send)
             return
-        (operation, name), (model, card) = target, served
+        (operation, name), (model, card, content_type) = target, served
         messages = await self.read_body(receive)
-        batch = await self.read(scope, replay(messages, receive), card)
+        batch = await self.read(scope, messages, content_type, card)
         if batch is None:  # a client error: the route answers it, from the same body
             await self.app(scope, replay(messages, receive), send)
             return
@@ -154,8 +153,9 @@ class FastPath:
             return None
         return address(scope["path"])
 
-    def model(self, scope: Scope, operation: str, name: str | None) -> tuple[ServedModel, ModelCard] | None:
-        """The ready model a plain request addresses, or None when the route must answer (for any reason)."""
+    def model(self, scope: Scope, operation: str, name: str | None) -> tuple[ServedModel, ModelCard, str] | None:
+        """The ready model a plain request addresses (with the request's Content-Type), or None when the route
+        must answer (for any reason)."""
         headers = first_headers(scope)
         if not headers.get(b"content-length", b"").isdigit() or not self.authorized(headers.get(b"authorization")):
             return None
@@ -166,7 +166,7 @@ class FastPath:
             OPERATIONS[operation].check(card)
         except ServiceError:
             return None
-        return model, card
+        return model, card, headers.get(b"content-type", b"").decode("latin-1")
 
     def authorized(self, authorization: bytes | None) -> bool:
         tokens: TokenStore | None = self.state.tokens
@@ -180,8 +180,15 @@ class FastPath:
             messages.append(await receive())
         return messages
 
-    async def read(self, scope: Scope, receive: Receive, card: ModelCard) -> ImageBatch | None:
+    async def read(
+        self, scope: Scope, messages: list[Message], content_type: str, card: ModelCard
+    ) -> ImageBatch | None:
+        """The images of the request's whole body (None for a client disconnect or any client error: the route
+        answers it)."""
+        if messages[-1]["type"] != "http.request":
+            return None
+        body = b"".join(m.get("body", b"") for m in messages)
         try:
-            return await read_images(Request(scope, receive), card, self.state.settings, DEFAULT_OPTIONS)
+            return await images_from_body(content_type, body, card, self.state.settings, DEFAULT_OPTIONS)
         except ServiceError:
             return None

@@ -47,7 +47,12 @@ class ImageBatch:
 
 
 def media_type(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media_of(request.headers.get("content-type", ""))
+
+
+def media_of(content_type: str) -> str:
+    """The media type of a Content-Type header value, lower case, without its parameters."""
+    return content_type.split(";")[0].strip().lower()
 
 
 def image_error(e: ImageDecodeError, where: str) -> ServiceError:
@@ -150,10 +155,10 @@ async def prepare_encoded(
     return array, InputInfo(source=source, filename=filename, inverted=inverted, normalized=normalized)
 
 
-async def read_multipart(request: Request) -> list[tuple[bytes, str | None]]:
+def multipart_files(content_type: str, body: bytes) -> list[tuple[bytes, str | None]]:
     """The file parts of a multipart body as (bytes, filename); a form field is a client mistake."""
     try:
-        parts = parse_multipart(request.headers.get("content-type", ""), await request.body())
+        parts = parse_multipart(content_type, body)
     except MalformedMultipart as e:
         raise InvalidInput(f"malformed multipart body: {e}") from e
     for part in parts:
@@ -181,29 +186,44 @@ def as_model_input(arrays: list[np.ndarray], card: ModelCard) -> np.ndarray:
     return batch.reshape(len(arrays), *card.image_shape)
 
 
+def check_image_media(content_type: str) -> str:
+    """The media type of a v1 image request; 415 for one that cannot carry images (before the body is read)."""
+    kind = media_of(content_type)
+    if kind not in ("multipart/form-data", "application/json"):
+        raise UnsupportedMediaType(f"unsupported content type {kind or '(none)'!r}; send {IMAGE_CONTENT_TYPES}")
+    return kind
+
+
 async def read_images(request: Request, card: ModelCard, settings: Settings, options: PreprocessOptions) -> ImageBatch:
     """All images of a v1 request, preprocessed into the model's input batch (its size from the card)."""
+    content_type = request.headers.get("content-type", "")
+    check_image_media(content_type)
+    return await images_from_body(content_type, await request.body(), card, settings, options)
+
+
+async def images_from_body(
+    content_type: str, body: bytes, card: ModelCard, settings: Settings, options: PreprocessOptions
+) -> ImageBatch:
+    """`read_images` for a body already read (the fast path has it in hand): the same checks and errors."""
     limits = ImageLimits(max_pixels=settings.max_image_pixels, max_bytes=settings.max_image_bytes)
     target = ImageTarget(card.image_size, options, limits)
-    kind = media_type(request)
+    kind = check_image_media(content_type)
     arrays: list[np.ndarray] = []
     info: list[InputInfo] = []
     if kind == "multipart/form-data":
-        files = await read_multipart(request)
+        files = multipart_files(content_type, body)
         check_count(len(files), settings)
         for i, (data, filename) in enumerate(files):
             array, meta = await prepare_encoded(data, "file", filename, f"file {i} ({filename})", target)
             arrays.append(array)
             info.append(meta)
-    elif kind == "application/json":
-        body = parse_model(ImagesRequest, await read_json(request))
-        check_count(len(body.images), settings)
-        for i, image in enumerate(body.images):
+    else:
+        request = parse_model(ImagesRequest, parse_json(body))
+        check_count(len(request.images), settings)
+        for i, image in enumerate(request.images):
             array, meta = await read_json_image(image, f"images[{i}]", target)
             arrays.append(array)
             info.append(meta)
-    else:
-        raise UnsupportedMediaType(f"unsupported content type {kind or '(none)'!r}; send {IMAGE_CONTENT_TYPES}")
     return ImageBatch(as_model_input(arrays, card), info)
 
 

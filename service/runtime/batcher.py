@@ -39,6 +39,34 @@ Outcome = Tensors | BaseException  # a caller's rows of the outputs, or why its 
 CancelHook = Callable[[Callable[[], None]], object]  # registers what to call if the caller's call ends early
 
 
+class BatchResult:
+    """One run's whole inputs and outputs, shared by the callers whose rows it holds.
+
+    `derived` computes a value from the whole batch once (the first caller to ask pays, the others reuse it), so
+    per-image post-processing in numpy costs one vectorised call per batch instead of one per request.
+    """
+
+    def __init__(self, inputs: Tensors, outputs: Tensors) -> None:
+        self.inputs, self.outputs = inputs, outputs
+        self._derived: dict[object, object] = {}
+        self._lock = threading.Lock()
+
+    def derived(self, key: object, compute: Callable[[Tensors, Tensors], object]) -> object:
+        with self._lock:
+            if key not in self._derived:
+                self._derived[key] = compute(self.inputs, self.outputs)
+            return self._derived[key]
+
+
+class Rows(dict[str, np.ndarray]):
+    """A caller's rows of every output (a plain `Tensors` to everyone else), with the batch they came from:
+    `batch` and `rows`, the caller's slice of its leading axis."""
+
+    def __init__(self, outputs: Tensors, batch: BatchResult, rows: slice) -> None:
+        super().__init__(outputs)
+        self.batch, self.rows = batch, rows
+
+
 class CallCancelled(Exception):
     """A blocking caller's call ended (e.g. a gRPC client cancelled it) before its outputs were ready."""
 
@@ -320,10 +348,12 @@ class DynamicBatcher:
         self._m_compute.observe(seconds)
         self._m_batch.observe(rows)
         self._m_rows.inc(rows)
+        shared = BatchResult(inputs, outputs)
         results: list[tuple[_Request, Outcome]] = []
         offset = 0
         for r in live:
-            results.append((r, {k: v[offset : offset + r.rows] for k, v in outputs.items()}))
+            mine = slice(offset, offset + r.rows)
+            results.append((r, Rows({k: v[mine] for k, v in outputs.items()}, shared, mine)))
             offset += r.rows
         return results
 

@@ -14,7 +14,7 @@ import pytest
 
 from service.core.errors import InferenceTimeout, Overloaded, ShuttingDown
 from service.core.metrics import Metrics
-from service.runtime.batcher import BatchingPolicy, CallCancelled, DynamicBatcher, Tensors
+from service.runtime.batcher import BatchingPolicy, CallCancelled, DynamicBatcher, Rows, Tensors
 from service.runtime.slots import RunSlots
 
 T = TypeVar("T")
@@ -77,6 +77,29 @@ def test_requests_queued_during_a_run_form_one_batch() -> None:
         outs = await submit_while_blocked(batcher, fake, [rows(i) for i in range(3)])
         assert fake.batches == [1, 3]
         assert [o["y"].tolist() for o in outs] == [[0.0], [2.0], [4.0]]  # each caller gets its own rows
+
+    run(scenario)
+
+
+def test_callers_of_one_batch_share_it_and_what_is_derived_from_it() -> None:
+    calls: list[int] = []
+
+    def total(inputs: Tensors, outputs: Tensors) -> np.ndarray:
+        calls.append(len(inputs["x"]))
+        return np.cumsum(outputs["y"])  # a value that depends on the whole batch
+
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        outs = await submit_while_blocked(batcher, fake, [rows(1, 2), rows(3)])
+        assert fake.batches == [1, 3]
+        assert all(isinstance(o, Rows) for o in outs)
+        first, second = outs
+        assert first.batch is second.batch  # one run, one shared result
+        assert first.batch.inputs["x"].tolist() == [1.0, 2.0, 3.0]
+        assert (first.rows, second.rows) == (slice(0, 2), slice(2, 3))
+        assert first["y"].tolist() == [2.0, 4.0] and second["y"].tolist() == [6.0]
+        derived = [o.batch.derived("total", total)[o.rows].tolist() for o in outs]
+        assert derived == [[2.0, 6.0], [12.0]]
+        assert calls == [3]  # computed once for both callers
 
     run(scenario)
 

@@ -210,6 +210,35 @@ def test_ood_score_is_batch_independent(ood_client: TestClient) -> None:
     assert batch[2]["in_distribution"] == alone["in_distribution"]
 
 
+def test_callers_of_one_run_are_scored_in_one_call_as_if_alone(
+    calibrated_repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.api.routes.inference import ood_scores
+    from service.runtime.batcher import BatchResult, Rows
+
+    card = parse_card(json.loads((calibrated_repository / CALIBRATED / "model.json").read_text()))
+    calibration = card.ood_calibration
+    assert calibration is not None
+    images = np.concatenate([sample_images(3), np.zeros((1, 1, 28, 28), np.float32)])
+    outputs = graph_outputs(calibrated_repository / CALIBRATED, images)
+    alone = [
+        ood_scores(card, calibration, images[i : i + 1], {k: v[i : i + 1] for k, v in outputs.items()})
+        for i in range(4)
+    ]
+    calls: list[int] = []
+    assess = OODCalibration.assess
+    monkeypatch.setattr(OODCalibration, "assess", lambda self, x, *a: calls.append(len(x)) or assess(self, x, *a))
+    shared = BatchResult({card.input.name: images}, outputs)
+    callers = [(images[:3], slice(0, 3)), (images[3:], slice(3, 4))]  # two requests in one run
+    scored = [
+        ood_scores(card, calibration, x, Rows({k: v[rows] for k, v in outputs.items()}, shared, rows))
+        for x, rows in callers
+    ]
+    assert calls == [4]  # the whole batch, once
+    assert np.concatenate([s for s, _ in scored]).tolist() == pytest.approx([float(s[0]) for s, _ in alone], abs=1e-9)
+    assert np.concatenate([a for _, a in scored]).tolist() == [bool(a[0]) for _, a in alone]
+
+
 def test_reject_ood_answers_422_naming_the_image(ood_client: TestClient, calibrated_repository: Path) -> None:
     images, _ = synthetic_digits(64, seed=0)  # the reference images: most are accepted
     reference = (images / 255.0).astype(np.float32).reshape(-1, 1, 28, 28)

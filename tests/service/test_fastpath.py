@@ -24,15 +24,15 @@ COMPARED_HEADERS = ("content-type", "content-length", "www-authenticate", "retry
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths the fast path answered itself (it reads the images through `read_images`)."""
+    """The paths the fast path answered itself (it reads the images through `FastPath.read`)."""
     answered: list[str] = []
-    original = fastpath.read_images
+    original = fastpath.FastPath.read
 
-    async def spy(request: Any, *args: Any) -> Any:
-        answered.append(request.url.path)
-        return await original(request, *args)
+    async def spy(self: fastpath.FastPath, scope: Any, *args: Any) -> Any:
+        answered.append(scope["path"])
+        return await original(self, scope, *args)
 
-    monkeypatch.setattr(fastpath, "read_images", spy)
+    monkeypatch.setattr(fastpath.FastPath, "read", spy)
     return answered
 
 

@@ -8,7 +8,7 @@ Options go in the query string; images in the body (multipart files or JSON, see
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -34,9 +34,10 @@ from service.api.schemas import (
 from service.core.config import Settings
 from service.core.errors import InvalidInput, ModelCapabilityError, OutOfDistribution
 from service.imaging import array_to_png
-from service.runtime.batcher import Tensors
+from service.runtime.batcher import Rows, Tensors
 from service.runtime.card import ModelCard
 from service.runtime.model import ServedModel
+from service.runtime.ood import OODCalibration
 
 Format = Literal["json", "png"]
 MAX_PERTURB_STEPS = 41
@@ -157,8 +158,7 @@ def assess_ood(
                 "reject out-of-distribution images; omit reject_ood"
             )
         return None
-    reconstruction = outputs[card.output_for("reconstruction").name] if calibration.needs_reconstruction else None
-    score, accepted = calibration.assess(images, outputs[card.scores.output], reconstruction)
+    score, accepted = ood_scores(card, calibration, images, outputs)
     if reject and not accepted.all():
         bad = [int(i) for i in np.flatnonzero(~accepted)]
         raise OutOfDistribution(
@@ -167,6 +167,26 @@ def assess_ood(
             "send reject_ood=false to classify them anyway"
         )
     return score, accepted
+
+
+def ood_scores(
+    card: ModelCard, calibration: OODCalibration, images: np.ndarray, outputs: Tensors
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ood_score, in_distribution) of each image. Outputs that are a caller's rows of a batched run (`Rows`) are
+    scored with the whole batch in one vectorised call, once for all of its callers: the batch's inputs hold
+    `images` (they are what the caller submitted)."""
+
+    def assess(inputs: np.ndarray, out: Tensors) -> tuple[np.ndarray, np.ndarray]:
+        reconstruction = out[card.output_for("reconstruction").name] if calibration.needs_reconstruction else None
+        return calibration.assess(inputs, out[card.scores.output], reconstruction)
+
+    if isinstance(outputs, Rows):
+        score, accepted = cast(
+            tuple[np.ndarray, np.ndarray],
+            outputs.batch.derived("ood", lambda inputs, out: assess(inputs[card.input.name], out)),
+        )
+        return score[outputs.rows], accepted[outputs.rows]
+    return assess(images, outputs)
 
 
 def prediction(
