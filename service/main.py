@@ -147,7 +147,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     include_routers(app, settings)
     if settings.fast_path:  # inside ServiceMiddleware (added after it, so wrapped by it): counted and size-limited
         app.add_middleware(FastPath, state=app.state)
-    app.add_middleware(ServiceMiddleware, metrics=app.state.metrics, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        ServiceMiddleware,
+        metrics=app.state.metrics,
+        max_bytes=settings.max_body_bytes,
+        activity=app.state.registry.slots.activity,
+    )
     install_docs(app)
     if explorer.STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")

@@ -1,5 +1,5 @@
-"""The one ASGI layer in front of the routes: request metrics and the body size limit (pure ASGI: no per-request
-objects beyond a closure, unlike BaseHTTPMiddleware)."""
+"""The one ASGI layer in front of the routes: request metrics, the count of requests in progress and the body size
+limit (pure ASGI: no per-request objects beyond a closure, unlike BaseHTTPMiddleware)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.core.config import env_name
 from service.core.errors import PayloadTooLarge, error_body
 from service.core.metrics import Metrics
+from service.runtime.slots import Activity
 
 # Label values come from this set: h11 (uvicorn without httptools) passes any token as a method.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
@@ -22,8 +23,9 @@ class ServiceMiddleware:
     """Counts requests by route template (not raw path), method and status, labels a client cannot multiply;
     answers 413 for a body over `max_bytes`: at once from Content-Length, or while a chunked body streams in."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_bytes: int, activity: Activity | None = None) -> None:
         self.app, self.metrics, self.max_bytes = app, metrics, max_bytes
+        self.activity = activity or Activity()  # the requests in progress, read by the batchers (RunSlots)
         # The children of the two request metrics per (route template, method, status): a bounded set, as the
         # labels are.
         self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
@@ -46,11 +48,12 @@ class ServiceMiddleware:
             await send(message)
 
         try:
-            declared = self.declared_length(scope)
-            if declared is not None and declared > self.max_bytes:
-                await self.reject(scope, send_with_status, self.too_large(declared))
-            else:
-                await self.app(scope, self.counted(receive), send_with_status)
+            with self.activity.request():
+                declared = self.declared_length(scope)
+                if declared is not None and declared > self.max_bytes:
+                    await self.reject(scope, send_with_status, self.too_large(declared))
+                else:
+                    await self.app(scope, self.counted(receive), send_with_status)
         finally:
             self.observe(scope, status, time.perf_counter() - start)
 

@@ -30,6 +30,7 @@ from service.grpc.errors import Metadata, grpc_status
 from service.grpc.servicer import InferenceServicer
 from service.runtime.batcher import CallCancelled
 from service.runtime.registry import ModelRegistry
+from service.runtime.slots import Activity
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,9 @@ class Failure(Exception):
 class ServiceInterceptor(grpc.ServerInterceptor):
     """Authentication, error mapping and metrics around every unary call."""
 
-    def __init__(self, metrics: Metrics, check_token: TokenCheck | None) -> None:
+    def __init__(self, metrics: Metrics, check_token: TokenCheck | None, activity: Activity | None = None) -> None:
         self.metrics, self.check_token = metrics, check_token
+        self.activity = activity or Activity()  # the requests in progress, read by the batchers (RunSlots)
         # Built once per method (and token verdict), not per call: the wrapped handlers and the metrics' children
         # (labels() costs a lock and a validation). A race between two threads only builds one twice.
         self._handlers: dict[tuple[str, bool], grpc.RpcMethodHandler] = {}
@@ -117,7 +119,8 @@ class ServiceInterceptor(grpc.ServerInterceptor):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
-                response = self.answer(method, behavior, allowed, request, context)
+                with self.activity.request():
+                    response = self.answer(method, behavior, allowed, request, context)
                 if not context.is_active():  # the client cancelled, or its deadline passed, while the call ran
                     code = grpc.StatusCode.CANCELLED
                 return response
@@ -184,7 +187,7 @@ class GrpcServer:
         limit = settings.max_body_bytes
         self.server = grpc.server(
             self.pool,
-            interceptors=[ServiceInterceptor(metrics, check_token)],
+            interceptors=[ServiceInterceptor(metrics, check_token, registry.slots.activity)],
             options=[
                 ("grpc.max_receive_message_length", limit),  # larger messages: RESOURCE_EXHAUSTED
                 ("grpc.so_reuseport", 0),  # a port in use is an error, never a silently shared socket

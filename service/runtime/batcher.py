@@ -252,9 +252,10 @@ class DynamicBatcher:
         if not future.done():
             future.set_exception(self._timeout())
 
-    def _more_work(self) -> bool:
-        """Requests are queued or a batch is being gathered (read unlocked by `RunSlots`: a hint)."""
-        return bool(self._queue) or self._gathering
+    def _more_work(self, callers: int) -> bool:
+        """Requests are queued, a batch is being gathered, or the service is handling requests beyond the `callers`
+        of the run that asks (read unlocked by `RunSlots`: a hint)."""
+        return bool(self._queue) or self._gathering or self._slots.activity.count > callers
 
     def _idle_slot(self) -> bool:
         """No batch is being gathered and a worker's share of the slots is unused (holding `_changed`)."""
@@ -337,7 +338,7 @@ class DynamicBatcher:
             inputs = {
                 k: np.concatenate([r.inputs[k] for r in live]) if len(live) > 1 else live[0].inputs[k] for k in names
             }
-            with self._slots.run(self._narrow_fn is not None, self._more_work) as wide:
+            with self._slots.run(self._narrow_fn is not None, lambda: self._more_work(len(live))) as wide:
                 start = time.perf_counter()
                 outputs = self._run_fn(inputs) if wide or self._narrow_fn is None else self._narrow_fn(inputs)
                 seconds = time.perf_counter() - start

@@ -6,9 +6,12 @@ on the 2-core development machine they infer 10-23% more images per second than 
 (docs/serving-performance.md). A lone run still uses every thread: alone, it finishes sooner.
 
 So `RunSlots` hands out `slots` tokens (the intra-op threads): a run made while every slot is free, nobody else
-waits and its graph has no more work coming (nothing queued, no batch being gathered) takes them all and runs on
-the wide session; a run made under load takes one slot and runs on a narrow (single-thread) session. Without the
-"more work" check two workers of a loaded graph would take turns running wide, each alone at the moment it asks.
+waits and its graph has no more work coming (nothing queued, no batch being gathered, and no request in progress
+in the service beyond the run's own) takes them all and runs on the wide session; a run made under load takes one
+slot and runs on a narrow (single-thread) session. Without the "more work" check two workers of a loaded graph
+would take turns running wide, each alone at the moment it asks. The requests in progress (`Activity`, counted by
+the HTTP and gRPC front ends) catch what the queue cannot see: under load a worker often takes everything queued
+while the next requests are still being read and decoded, and a wide run then would leave every core to it.
 One `RunSlots` serves every graph of the service.
 """
 
@@ -23,6 +26,29 @@ def _never() -> bool:
     return False
 
 
+class Activity:
+    """How many requests the service is handling (HTTP requests and gRPC calls, from arrival to answer)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @contextmanager
+    def request(self) -> Iterator[None]:
+        """Count one request while the block runs."""
+        with self._lock:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._count -= 1
+
+
 class RunSlots:
     """`slots` single-thread runs at once, or one run on all of them; `slots` 1 makes the runs take turns."""
 
@@ -34,6 +60,7 @@ class RunSlots:
         self._waiting = 0  # runs waiting for slots
         self._waiting_wide = 0  # of which need every slot (their graph has no narrow session)
         self._changed = threading.Condition()
+        self.activity = Activity()  # the service's requests in progress: the batchers read it in `more_work`
 
     @property
     def free(self) -> int:

@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.grpc import protocol
 from service.main import create_app
+from service.runtime.batcher import DynamicBatcher
 from tests.service.conftest import EM_LIKE, TINY, service_settings, wait_ready
 from tests.service.live_server import free_port
 from tests.service.test_api_v1 import run_graph
@@ -322,6 +323,38 @@ def test_metrics_count_grpc_calls_by_protocol(model_repository: Path) -> None:
     assert f"capsnet_http_request_duration_seconds_count{{{labels}}} 3.0" in text
     assert 'capsnet_http_requests_total{method="GET",protocol="http",route="/v2/health/live",status="200"} 1.0' in text
     assert 'capsnet_inferences_total{graph="capsnet",model="tiny"} 6.0' in text  # the same batcher as REST
+
+
+def test_both_front_ends_count_their_requests_in_progress(
+    model_repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the batchers read to tell a lone request from one among others (`RunSlots.activity`)."""
+    seen: list[int] = []
+    execute = DynamicBatcher._execute
+
+    def spy(self: DynamicBatcher, live: list[Any]) -> Any:
+        seen.append(self._slots.activity.count)
+        return execute(self, live)
+
+    monkeypatch.setattr(DynamicBatcher, "_execute", spy)
+    port = free_port()
+    app = create_app(service_settings(model_repository, grpc_port=port))
+    with TestClient(app) as http:
+        wait_ready(http)
+        activity = app.state.registry.slots.activity
+        with triton.InferenceServerClient(f"127.0.0.1:{port}") as c:
+            c.infer(TINY, [image_input()])
+        assert http.post(f"/v2/models/{TINY}/infer", json=v2_body()).status_code == 200
+        assert seen == [1, 1] and activity.count == 0
+        error_of(lambda: triton.InferenceServerClient(f"127.0.0.1:{port}").infer("nope", [image_input()]))
+        assert http.get("/v2/health/live").status_code == 200
+        assert activity.count == 0  # errors and other routes leave nothing counted
+
+
+def v2_body() -> dict[str, Any]:
+    return {
+        "inputs": [{"name": "image", "shape": list(IMAGES.shape), "datatype": "FP32", "data": IMAGES.ravel().tolist()}]
+    }
 
 
 def test_full_queue_is_unavailable_with_a_retry_hint(model_repository: Path) -> None:

@@ -4,6 +4,7 @@ starved; and the batcher built on it runs batches side by side on the narrow ses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -239,3 +240,37 @@ def test_a_run_whose_graph_has_more_work_coming_runs_narrow_even_alone() -> None
     slots = RunSlots(2)
     with slots.run(can_narrow=True, more_work=lambda: True) as wide:
         assert not wide and slots.free == 1
+
+
+def test_activity_counts_requests_in_progress_even_when_they_fail() -> None:
+    slots = RunSlots(2)
+    with slots.activity.request(), slots.activity.request():
+        assert slots.activity.count == 2
+    with pytest.raises(RuntimeError), slots.activity.request():
+        assert slots.activity.count == 1
+        raise RuntimeError("the request failed")
+    assert slots.activity.count == 0
+
+
+@pytest.mark.parametrize(("others", "lane"), [(0, "wide"), (1, "narrow")])
+def test_a_lone_batch_runs_narrow_while_other_requests_are_in_progress(others: int, lane: str) -> None:
+    """Under load a worker often finds the queue empty while the next requests are still being read: the
+    service's requests in progress (`Activity`) keep its run narrow, so the other cores stay for them."""
+    fakes = TwoSessions()
+
+    async def main() -> None:
+        slots = RunSlots(2)
+        batcher = DynamicBatcher(
+            "m", "g", fakes.session("wide"), BatchingPolicy(4, 0.0, 100, 5.0), slots, Metrics(), fakes.session("narrow")
+        )
+        batcher.start()
+        try:
+            with contextlib.ExitStack() as stack:
+                for _ in range(1 + others):  # this request, and the others the front end is handling
+                    stack.enter_context(slots.activity.request())
+                await batcher.submit({"x": np.array([1.0], np.float32)})
+        finally:
+            await batcher.close()
+
+    asyncio.run(main())
+    assert fakes.calls == [(lane, 1)]
