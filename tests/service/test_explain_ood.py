@@ -294,3 +294,22 @@ def test_models_list_says_what_each_model_can_do(ood_client: TestClient) -> None
     models = {m["name"]: m for m in ood_client.get("/v1/models").json()["models"]}
     assert models[CALIBRATED]["has_explanation"] is True and models[CALIBRATED]["ood_calibrated"] is True
     assert models[EM_CALIBRATED]["has_explanation"] is False and models[EM_CALIBRATED]["ood_calibrated"] is True
+
+
+@pytest.mark.parametrize("with_reconstruction", [True, False])
+def test_features_of_a_large_batch_are_those_of_each_image(with_reconstruction: bool) -> None:
+    from service.runtime.ood import CHUNK_ROWS
+
+    rng = np.random.default_rng(3)
+    n = 2 * CHUNK_ROWS + 5  # computed in chunks
+    images = rng.random((n, 1, 28, 28), dtype=np.float32)
+    scores = rng.random((n, 10), dtype=np.float32)
+    reconstruction = rng.random((n, 784), dtype=np.float32) if with_reconstruction else None
+    batch = image_features(images, scores, reconstruction)
+    for i in (0, CHUNK_ROWS, n - 1):
+        alone = image_features(
+            images[i : i + 1], scores[i : i + 1], None if reconstruction is None else reconstruction[i : i + 1]
+        )
+        assert alone.keys() == batch.keys()
+        assert all(batch[k][i] == alone[k][0] for k in alone)  # the same arithmetic, bit for bit
+    assert all(len(v) == n for v in batch.values())
