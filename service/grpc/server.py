@@ -1,28 +1,24 @@
-"""The gRPC server: the inference service and the standard health service, on an event loop of its own.
+"""The gRPC server: the inference service and the standard health service, on threads of their own.
 
 `GrpcServer` is started and stopped by the app's lifespan (service/main.py), so it shares the model
 registry (and so the dynamic batchers), the settings' limits, the metrics and the logging of the HTTP
-server, but not its event loop: calls are coroutines of grpcio's asyncio server on a thread and event loop of
-their own, so gRPC takes no time from the loop that serves HTTP, and a call costs no thread of its own (a
-ModelInfer awaits its batch like an HTTP request; on an idle model it runs its images at once on this loop).
-One interceptor does, for every call: the bearer-token check (the health service stays open), the mapping of
-the service's errors to status codes, the count of requests in progress and the request metrics.
+server, but not its event loop: calls are served by grpcio's synchronous server, on a pool of threads
+that block while their model runs, so gRPC takes no time from the loop that serves HTTP. One
+interceptor does, for every call: the bearer-token check (the health service stays open), the mapping
+of the service's errors to status codes, and the request metrics.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
-import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from prometheus_client import Counter, Histogram
 
 from service.core.auth import bearer_token
@@ -32,14 +28,14 @@ from service.core.metrics import Metrics
 from service.grpc import protocol
 from service.grpc.errors import Metadata, grpc_status
 from service.grpc.servicer import InferenceServicer
+from service.runtime.batcher import CallCancelled
 from service.runtime.registry import ModelRegistry
 from service.runtime.slots import Activity
 
 logger = logging.getLogger(__name__)
 
 TokenCheck = Callable[[str | None], bool]
-Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]  # a servicer method: a response, or a coroutine of one
-T = TypeVar("T")
+Behavior = Callable[[Any, grpc.ServicerContext], Any]
 HEALTH_PREFIX = f"/{health.SERVICE_NAME}/"
 # Health service names: "" (overall) and the inference service follow readiness; LIVENESS is SERVING while
 # the process runs, for a Kubernetes gRPC liveness probe (`grpc: {port: 8001, service: liveness}`).
@@ -83,24 +79,24 @@ class Failure(Exception):
         self.code, self.message, self.trailing = code, message, trailing
 
 
-class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    """Authentication, error mapping, the requests in progress and metrics around every unary call."""
+class ServiceInterceptor(grpc.ServerInterceptor):
+    """Authentication, error mapping and metrics around every unary call."""
 
     def __init__(self, metrics: Metrics, check_token: TokenCheck | None, activity: Activity | None = None) -> None:
         self.metrics, self.check_token = metrics, check_token
         self.activity = activity or Activity()  # the requests in progress, read by the batchers (RunSlots)
         # Built once per method (and token verdict), not per call: the wrapped handlers and the metrics' children
-        # (labels() costs a lock and a validation).
+        # (labels() costs a lock and a validation). A race between two threads only builds one twice.
         self._handlers: dict[tuple[str, bool], grpc.RpcMethodHandler] = {}
         self._latency: dict[str, Histogram] = {}
         self._counts: dict[tuple[str, grpc.StatusCode], Counter] = {}
 
-    async def intercept_service(
+    def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
+        handler = continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:  # unknown methods (UNIMPLEMENTED); health Watch
             return handler
         method = handler_call_details.method
@@ -119,23 +115,20 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
     def wrap(self, method: str, behavior: Behavior, allowed: bool) -> Behavior:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
                 with self.activity.request():
-                    response = await self.answer(method, behavior, allowed, request, context)
-                if context.cancelled():  # the client cancelled, or its deadline passed, while the call ran
+                    response = self.answer(method, behavior, allowed, request, context)
+                if not context.is_active():  # the client cancelled, or its deadline passed, while the call ran
                     code = grpc.StatusCode.CANCELLED
                 return response
-            except asyncio.CancelledError:  # grpc cancels the call's task when the client goes away
-                code = grpc.StatusCode.CANCELLED
-                raise
             except Failure as failure:
                 code = failure.code
                 if failure.trailing:
                     context.set_trailing_metadata(failure.trailing)
-                await context.abort(code, failure.message)  # raises
+                context.abort(code, failure.message)  # raises
             finally:
                 self.observe(method, code, time.perf_counter() - start)
 
@@ -151,9 +144,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         self._latency[method].observe(seconds)
 
     @staticmethod
-    async def answer(
-        method: str, behavior: Behavior, allowed: bool, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
+    def answer(method: str, behavior: Behavior, allowed: bool, request: Any, context: grpc.ServicerContext) -> Any:
         """The response, or a Failure for the status the call must end with (no traceback reaches a client)."""
         if not allowed:
             raise Failure(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
@@ -161,13 +152,14 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             name = method.rsplit("/", 1)[-1]
             raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {name} request message: {request.error}")
         try:
-            response = behavior(request, context)
-            return await response if inspect.isawaitable(response) else response
+            return behavior(request, context)
         except ServiceError as e:
             code, trailing = grpc_status(e)
             if e.status >= 500:  # as the HTTP error handlers log them
                 logger.warning("%s -> %s: %s", method, code.name, e.message)
             raise Failure(code, e.message, trailing) from e
+        except CallCancelled as e:
+            raise Failure(grpc.StatusCode.CANCELLED, str(e)) from e
         except Exception as e:
             logger.exception("unhandled error in %s", method)
             raise Failure(grpc.StatusCode.INTERNAL, "internal server error") from e
@@ -177,86 +169,60 @@ def listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class GrpcServer:
-    """`start` binds `settings.host:settings.grpc_port`; `stop` drains the calls in flight (graceful shutdown).
+def handler_threads(settings: Settings) -> int:
+    """Threads that serve calls: enough for every call the batchers can hold (queued, and a batch running), so
+    that a full queue answers UNAVAILABLE rather than leaving calls unread; they start only as load needs them."""
+    return settings.max_queue_size + settings.max_batch_size
 
-    Both block the calling thread; the server runs on an event loop in a thread of its own ("grpc")."""
+
+class GrpcServer:
+    """`start` binds `settings.host:settings.grpc_port`; `stop` drains the calls in flight (graceful shutdown)."""
 
     def __init__(
         self, registry: ModelRegistry, settings: Settings, metrics: Metrics, check_token: TokenCheck | None = None
     ) -> None:
         self.registry, self.settings = registry, settings
-        self.health = health_aio.HealthServicer()
-        self.interceptor = ServiceInterceptor(metrics, check_token, registry.slots.activity)
-        self.servicer = InferenceServicer(registry, settings)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="grpc", daemon=True)
-        self.server: grpc.aio.Server | None = None
+        self.health = health.HealthServicer()
+        self.pool = ThreadPoolExecutor(max_workers=handler_threads(settings), thread_name_prefix="grpc")
+        limit = settings.max_body_bytes
+        self.server = grpc.server(
+            self.pool,
+            interceptors=[ServiceInterceptor(metrics, check_token, registry.slots.activity)],
+            options=[
+                ("grpc.max_receive_message_length", limit),  # larger messages: RESOURCE_EXHAUSTED
+                ("grpc.so_reuseport", 0),  # a port in use is an error, never a silently shared socket
+            ],
+        )
+        self.server.add_generic_rpc_handlers((protocol.service_handler(InferenceServicer(registry, settings)),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port: int | None = None
-
-    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the server's loop and wait for its result (from any other thread)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def start(self) -> int:
         """Listen and serve; the port bound (the one asked for, or a free one for port 0 in tests)."""
-        self.thread.start()
+        address = listen_address(self.settings.host, self.settings.grpc_port)
         try:
-            self.port = self._call(self._start())
-        except BaseException:
-            self._close_loop()
-            raise
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise RuntimeError(f"cannot listen for gRPC on {address} (CAPSNET_GRPC_PORT): {e}") from e
+        for service in READINESS_SERVICES:
+            self.health.set(service, NOT_SERVING)
+        self.health.set(LIVENESS, SERVING)
+        self.server.start()
         logger.info(
             "gRPC (Open Inference Protocol, grpc.health.v1) listening on %s",
             listen_address(self.settings.host, self.port),
         )
         return self.port
 
-    async def _start(self) -> int:
-        limit = self.settings.max_body_bytes
-        server = grpc.aio.server(
-            interceptors=[self.interceptor],
-            options=[
-                ("grpc.max_receive_message_length", limit),  # larger messages: RESOURCE_EXHAUSTED
-                ("grpc.so_reuseport", 0),  # a port in use is an error, never a silently shared socket
-            ],
-        )
-        server.add_generic_rpc_handlers((protocol.service_handler(self.servicer),))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        address = listen_address(self.settings.host, self.settings.grpc_port)
-        try:
-            port = server.add_insecure_port(address)
-        except RuntimeError as e:
-            raise RuntimeError(f"cannot listen for gRPC on {address} (CAPSNET_GRPC_PORT): {e}") from e
-        for service in READINESS_SERVICES:
-            await self.health.set(service, NOT_SERVING)
-        await self.health.set(LIVENESS, SERVING)
-        await server.start()
-        self.server = server
-        return port
-
     def update_health(self) -> None:
         """Readiness follows the registry's: SERVING once loading is over and at least one model serves."""
-        self._call(self._update_health())
-
-    async def _update_health(self) -> None:
         for service in READINESS_SERVICES:
-            await self.health.set(service, SERVING if self.registry.ready else NOT_SERVING)
+            self.health.set(service, SERVING if self.registry.ready else NOT_SERVING)
 
     def stop(self) -> None:
         """Health turns NOT_SERVING, new calls are refused, calls in flight get up to the shutdown timeout (blocks
         until they are done)."""
-        if self.server is not None:
-            self._call(self._stop(self.server))
-        self._close_loop()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace=self.settings.shutdown_timeout_s).wait()
+        self.pool.shutdown(wait=True)
         logger.info("gRPC stopped: calls in flight finished")
-
-    async def _stop(self, server: grpc.aio.Server) -> None:
-        await self.health.enter_graceful_shutdown()
-        await server.stop(grace=self.settings.shutdown_timeout_s)
-
-    def _close_loop(self) -> None:
-        if self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join()
-        self.loop.close()

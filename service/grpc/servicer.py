@@ -2,8 +2,8 @@
 
 Requests are checked by the v2 REST route's own code (`check_request`, `tensor_array`), so both protocols
 accept and refuse exactly the same tensors with the same messages. Errors are raised as the service's
-errors; the server's interceptor maps them to status codes (`service/grpc/errors.py`). The calls run on the gRPC
-server's event loop: ModelInfer awaits the model's batcher, or runs its images at once when the model is idle.
+errors; the server's interceptor maps them to status codes (`service/grpc/errors.py`). Each call runs on a
+thread of the gRPC server's pool and blocks it while its model runs (`ServedModel.infer_blocking`).
 """
 
 from __future__ import annotations
@@ -122,21 +122,21 @@ class InferenceServicer:
             return v2.model_of_version(self.registry, name, version)
         return self.registry.get(name)
 
-    def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.ServerReadyResponse(ready=self.registry.all_ready)
 
-    def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
         model = self.model(request.name, request.version)
         return pb.ModelReadyResponse(ready=model.ready)
 
-    def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         # The binary tensor data extension is REST's: gRPC has raw_input_contents in the protocol itself.
         return pb.ServerMetadataResponse(name=v2.SERVER_NAME, version=v2.server_version(), extensions=[])
 
-    def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         metadata = v2.model_metadata(self.model(request.name, request.version))
         return pb.ModelMetadataResponse(
             name=metadata.name,
@@ -146,11 +146,11 @@ class InferenceServicer:
             outputs=[t.model_dump() for t in metadata.outputs],
         )
 
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
         model = self.model(request.model_name, request.model_version)
         card = model.require_ready()
         req = inference_request(request)
         v2.check_request(card, req)
         images = input_images(card, request, req, self.settings)
-        outputs = await model.infer(images, inline=False)  # a cancelled call leaves the queue (its future is done)
+        outputs = model.infer_blocking(images, on_cancel=context.add_callback)
         return infer_response(card, req, outputs, raw=bool(request.raw_input_contents))

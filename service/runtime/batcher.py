@@ -34,9 +34,6 @@ from service.runtime.slots import RunSlots
 logger = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
-# An inline run only on a graph idle this long: under load calls arrive faster than that (and some are not yet
-# counted as in progress: an event loop that runs a call inline reads no other call meanwhile).
-INLINE_AFTER_IDLE_S = 0.0002
 RunFn = Callable[[Tensors], Tensors]
 Outcome = Tensors | BaseException  # a caller's rows of the outputs, or why its batch failed
 CancelHook = Callable[[Callable[[], None]], object]  # registers what to call if the caller's call ends early
@@ -163,7 +160,6 @@ class DynamicBatcher:
         self._queue: deque[_Request] = deque()
         self._gathering = False  # a worker is taking and filling a batch
         self._running = 0  # batches being run (by the workers or inline callers)
-        self._idle_since = 0.0  # when the last run ended (perf_counter)
         self._closing = False
         self._threads: list[threading.Thread] = []
         labels = {"model": model, "graph": graph}
@@ -189,17 +185,10 @@ class DynamicBatcher:
     def depth(self) -> int:
         return len(self._queue)
 
-    async def submit(self, inputs: Tensors, inline: bool = False) -> Tensors:
-        """Queue one request (every input has the same leading batch dimension) and await its outputs.
-
-        `inline`: a request that finds the graph idle (nothing queued or gathered, a worker's share of the slots
-        free, no queue delay) runs at once in the calling thread, which blocks its event loop for the run and saves
-        two thread hand-offs. For a loop that has nothing else to do meanwhile: the gRPC server's own.
-        """
+    async def submit(self, inputs: Tensors) -> Tensors:
+        """Queue one request (every input has the same leading batch dimension) and await its outputs."""
         waiter = LoopWaiter()
-        request = _Request(inputs, _rows(inputs), waiter)
-        if self._enqueue(request, inline=inline):
-            return self._run_inline(request)
+        self._enqueue(_Request(inputs, _rows(inputs), waiter), inline=False)
         expiry = waiter.loop.call_later(self.policy.timeout_s, self._expire, waiter.future)
         try:
             return await waiter.future
@@ -240,7 +229,7 @@ class DynamicBatcher:
         with self._changed:
             if self._closing:
                 raise ShuttingDown("the service is shutting down")
-            if inline and self._alone():
+            if inline and self._idle_slot() and not self._queue and not self.policy.max_queue_delay_s:
                 self._running += 1
                 return True
             if len(self._queue) >= self.policy.max_queue_size:
@@ -268,19 +257,6 @@ class DynamicBatcher:
         of the run that asks (read unlocked by `RunSlots`: a hint)."""
         return bool(self._queue) or self._gathering or self._slots.activity.count > callers
 
-    def _alone(self) -> bool:
-        """Nothing to batch with or wait for (holding `_changed`): no run, nothing queued or gathered, no queue
-        delay, every slot free and no other request in progress in the service."""
-        return (
-            not self._running
-            and not self._gathering
-            and not self._queue
-            and not self.policy.max_queue_delay_s
-            and self._slots.free == self._slots.slots
-            and self._slots.activity.count <= 1
-            and time.perf_counter() - self._idle_since >= INLINE_AFTER_IDLE_S
-        )
-
     def _idle_slot(self) -> bool:
         """No batch is being gathered and a worker's share of the slots is unused (holding `_changed`)."""
         return not self._gathering and self._running < self._workers
@@ -291,7 +267,6 @@ class DynamicBatcher:
         finally:
             with self._changed:
                 self._running -= 1
-                self._idle_since = time.perf_counter()
                 self._changed.notify_all()  # requests queued meanwhile are the workers'
         if isinstance(outcome, BaseException):
             raise outcome
@@ -306,7 +281,6 @@ class DynamicBatcher:
             finally:
                 with self._changed:
                     self._running -= 1
-                    self._idle_since = time.perf_counter()
                     self._changed.notify_all()
 
     def _next_batch(self) -> list[_Request] | None:
