@@ -71,6 +71,7 @@ class HttpRow:
     raw_cpu_ms: float  # raw ONNX Runtime CPU time per image at the best batch, same rounds
     raw_batch1_p50_ms: float | None  # raw batch 1, measured in the same rounds (concurrency 1 only)
     raw_parallel_throughput: float | None = None  # one single-thread session, a caller per thread, same rounds
+    loop_cpu_ms: float | None = None  # of server_cpu_ms, the main thread's: the HTTP event loop (None without /proc)
 
     @property
     def raw_best(self) -> float:
@@ -96,10 +97,12 @@ def machine() -> dict[str, Any]:
     }
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process and all its threads, from /proc (None where there is none)."""
+def process_cpu_seconds(pid: int, thread: int | None = None) -> float | None:
+    """User + system CPU time of a process and all its threads, or of one of its threads (the main thread's id is
+    the process id), from /proc (None where there is none)."""
+    path = Path(f"/proc/{pid}/stat") if thread is None else Path(f"/proc/{pid}/task/{thread}/stat")
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = path.read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     except (OSError, IndexError, ValueError):
         return None
@@ -133,11 +136,11 @@ def paired_level(
     raw, raw_one = RawTimes([]), RawTimes([])
     par_images, par_seconds = 0, 0.0
     results: list[LoadResult] = []
-    server_cpu: float | None = 0.0
+    cpu = ServerCpu()
     request = payload(level.card, level.kind)
     for i in range(rounds):
         if i % 2:  # every other round the service goes first, so that neither side always follows the other
-            server_cpu = _serve(server, port, level, request, window, results, server_cpu, metrics_url)
+            _serve(server, port, level, request, window, results, cpu, metrics_url)
         raw.add(session, best_feed, window)
         if parallel is not None:
             images, seconds, _ = parallel_slice(
@@ -147,7 +150,7 @@ def paired_level(
         if level.concurrency == 1:
             raw_one.add(session, one_feed, window)
         if not i % 2:
-            server_cpu = _serve(server, port, level, request, window, results, server_cpu, metrics_url)
+            _serve(server, port, level, request, window, results, cpu, metrics_url)
     requests = sum(r.requests for r in results)
     return HttpRow(
         model=level.card.name,
@@ -159,32 +162,48 @@ def paired_level(
         throughput=requests / sum(r.seconds for r in results),
         p50_ms=merged_percentile(results, 50),
         p99_ms=merged_percentile(results, 99),
-        server_cpu_ms=1000 * server_cpu / requests if server_cpu is not None and requests else None,
+        server_cpu_ms=1000 * cpu.process / requests if cpu.process is not None and requests else None,
         raw_throughput=best_batch * len(raw.latencies) / sum(raw.latencies),
         raw_cpu_ms=1000 * raw.cpu_s / (best_batch * len(raw.latencies)),
         raw_batch1_p50_ms=percentile_ms(raw_one.latencies, 50) if raw_one.latencies else None,
         raw_parallel_throughput=par_images / par_seconds if par_seconds else None,
+        loop_cpu_ms=1000 * cpu.loop / requests if cpu.loop is not None and requests else None,
     )
+
+
+@dataclass
+class ServerCpu:
+    """The server's CPU seconds over the service windows: the whole process, and its main (event loop) thread;
+    None once a reading failed."""
+
+    process: float | None = 0.0
+    loop: float | None = 0.0
+
+    def add(self, process: float | None, loop: float | None) -> None:
+        self.process = None if self.process is None or process is None else self.process + process
+        self.loop = None if self.loop is None or loop is None else self.loop + loop
+
+
+def cpu_since(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
 
 
 def _serve(
     server: subprocess.Popen[bytes], port: int, level: Level, request: Any, window: float,
-    results: list[LoadResult], server_cpu: float | None, metrics_url: str,
-) -> float | None:  # fmt: skip
-    """One service window: its result is appended to `results`; returns the server CPU seconds so far.
+    results: list[LoadResult], cpu: ServerCpu, metrics_url: str,
+) -> None:  # fmt: skip
+    """One service window: its result is appended to `results`, the server's CPU time added to `cpu`.
 
     For h2load, which sees HTTP statuses only, the calls the server answered with a gRPC error count as errors."""
     count_grpc = level.kind == "grpc" and level.driver == "h2load"
     failed_before = grpc_failures(read_text(metrics_url)) if count_grpc else 0
-    before = process_cpu_seconds(server.pid)
+    before, loop_before = process_cpu_seconds(server.pid), process_cpu_seconds(server.pid, server.pid)
     result = run_load(level.driver, "127.0.0.1", port, request, level.concurrency, window)
-    after = process_cpu_seconds(server.pid)
+    after, loop_after = process_cpu_seconds(server.pid), process_cpu_seconds(server.pid, server.pid)
     if count_grpc:
         result.errors += grpc_failures(read_text(metrics_url)) - failed_before
     results.append(result)
-    if server_cpu is None or before is None or after is None:
-        return None
-    return server_cpu + after - before
+    cpu.add(cpu_since(before, after), cpu_since(loop_before, loop_after))
 
 
 def read_text(url: str) -> str:
@@ -289,14 +308,15 @@ def report(result: dict[str, Any]) -> str:
         "",
         "| model | request | driver | concurrency | served (req/s) | raw best batch alongside (img/s) "
         "| raw parallel alongside (img/s) | served ÷ best raw | p50 (ms) | p99 (ms) | raw batch-1 p50 (ms) "
-        "| server CPU per request (ms) | raw CPU per image (ms) | errors |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server CPU per request (ms) | of which event loop (ms) | raw CPU per image (ms) | errors |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     http: list[HttpRow] = result["http"]
     lines += [
         f"| {h.model} | {h.kind} | {h.driver} | {h.concurrency} | {h.throughput:.1f} | {h.raw_throughput:.1f} | "
         f"{fmt(h.raw_parallel_throughput, '.1f')} | {ratio(h.throughput, h.raw_best)} | {fmt(h.p50_ms)} | "
-        f"{fmt(h.p99_ms)} | {fmt(h.raw_batch1_p50_ms)} | {fmt(h.server_cpu_ms)} | {h.raw_cpu_ms:.2f} | {h.errors} |"
+        f"{fmt(h.p99_ms)} | {fmt(h.raw_batch1_p50_ms)} | {fmt(h.server_cpu_ms)} | {fmt(h.loop_cpu_ms)} | "
+        f"{h.raw_cpu_ms:.2f} | {h.errors} |"
         for h in http
     ]
     lines += ["", *summary_lines(result)]

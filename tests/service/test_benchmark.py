@@ -47,7 +47,9 @@ def test_benchmark_prints_raw_and_service_tables(
     assert cells == [(m, k, c) for m in (TINY, NO_DECODER) for k in ("v1-png", "v2-binary", "grpc") for c in (1, 4)]
     assert all(h["errors"] == 0 and h["throughput"] > 0 and h["raw_cpu_ms"] > 0 for h in result["http"])
     if os.path.exists("/proc/self/stat"):
-        assert all(h["server_cpu_ms"] > 0 for h in result["http"])
+        assert all(h["server_cpu_ms"] > 0 and h["loop_cpu_ms"] >= 0 for h in result["http"])
+        assert all(h["loop_cpu_ms"] > 0 for h in result["http"] if h["kind"] == "v1-png")  # HTTP runs on the loop
+        assert "| of which event loop (ms) |" in text
     if os.path.exists("/proc/self/status"):
         assert result["server_peak_rss_mib"] > 10
 
