@@ -325,6 +325,8 @@ def _fit_box(crop: np.ndarray, box: tuple[int, int]) -> np.ndarray:
     height, width = crop.shape
     scale = min(box[0] / height, box[1] / width)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    if size == (width, height):  # already fits (MNIST's own digits): Pillow would return a copy, values unchanged
+        return crop
     image = Image.frombuffer("F", (width, height), np.ascontiguousarray(crop, dtype=np.float32), "raw", "F", 0, 1)
     resized = _resize(image, size)
     array = np.frombuffer(resized.tobytes(), dtype=np.float32).reshape(size[1], size[0])

@@ -598,3 +598,15 @@ def test_the_fast_median_equals_numpys(size: int, dtype: type[np.floating]) -> N
     for values in (rng.random(size), rng.integers(0, 4, size) / 3.0, np.full(size, 0.1)):
         values = values.astype(dtype)
         assert imaging._median(values) == float(np.median(values))
+
+
+def test_a_digit_that_already_fits_its_box_is_not_resampled() -> None:
+    """MNIST's own digits fill the 20-pixel box: the crop is used as is, exactly what Pillow's resize to the same
+    size gives (a copy)."""
+    from service.imaging import _fit_box
+
+    crop = np.random.default_rng(0).random((20, 13), dtype=np.float32)
+    image = Image.frombuffer("F", (13, 20), crop.tobytes(), "raw", "F", 0, 1)
+    pillow = np.frombuffer(image.resize((13, 20), Image.Resampling.LANCZOS).tobytes(), np.float32).reshape(20, 13)
+    assert np.array_equal(_fit_box(crop, (20, 20)), pillow)
+    assert _fit_box(crop, (10, 10)).shape == (10, 6)  # one that does not fit is still scaled
