@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.inputs import ImageBatch, images_from_body
+from service.api.inputs import IMAGE_MEDIA, ImageBatch, images_from_body, media_of
 from service.api.routes.inference import (
     ADDRESSES,
     DEFAULT_OPTIONS,
@@ -166,7 +166,10 @@ class FastPath:
             OPERATIONS[operation].check(card)
         except ServiceError:
             return None
-        return model, card, headers.get(b"content-type", b"").decode("latin-1")
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        if media_of(content_type) not in IMAGE_MEDIA:  # the route answers 415 without reading the body
+            return None
+        return model, card, content_type
 
     def authorized(self, authorization: bytes | None) -> bool:
         tokens: TokenStore | None = self.state.tokens

@@ -186,10 +186,13 @@ def as_model_input(arrays: list[np.ndarray], card: ModelCard) -> np.ndarray:
     return batch.reshape(len(arrays), *card.image_shape)
 
 
+IMAGE_MEDIA = ("multipart/form-data", "application/json")  # the media types of v1 image requests
+
+
 def check_image_media(content_type: str) -> str:
     """The media type of a v1 image request; 415 for one that cannot carry images (before the body is read)."""
     kind = media_of(content_type)
-    if kind not in ("multipart/form-data", "application/json"):
+    if kind not in IMAGE_MEDIA:
         raise UnsupportedMediaType(f"unsupported content type {kind or '(none)'!r}; send {IMAGE_CONTENT_TYPES}")
     return kind
 
@@ -218,9 +221,9 @@ async def images_from_body(
             arrays.append(array)
             info.append(meta)
     else:
-        request = parse_model(ImagesRequest, parse_json(body))
-        check_count(len(request.images), settings)
-        for i, image in enumerate(request.images):
+        parsed = parse_model(ImagesRequest, parse_json(body))
+        check_count(len(parsed.images), settings)
+        for i, image in enumerate(parsed.images):
             array, meta = await read_json_image(image, f"images[{i}]", target)
             arrays.append(array)
             info.append(meta)

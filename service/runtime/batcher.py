@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from service.runtime.slots import RunSlots
 logger = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
+T = TypeVar("T")
 RunFn = Callable[[Tensors], Tensors]
 Outcome = Tensors | BaseException  # a caller's rows of the outputs, or why its batch failed
 CancelHook = Callable[[Callable[[], None]], object]  # registers what to call if the caller's call ends early
@@ -48,14 +50,16 @@ class BatchResult:
 
     def __init__(self, inputs: Tensors, outputs: Tensors) -> None:
         self.inputs, self.outputs = inputs, outputs
-        self._derived: dict[object, object] = {}
+        self._derived: dict[str, object] = {}
         self._lock = threading.Lock()
 
-    def derived(self, key: object, compute: Callable[[Tensors, Tensors], object]) -> object:
+    def derived(self, key: str, compute: Callable[[Tensors, Tensors], T]) -> T:
+        """`compute(inputs, outputs)` of the whole batch, computed by the first caller to ask for `key`; every
+        caller gets that same object, so it must not be changed in place (make arrays read-only)."""
         with self._lock:
             if key not in self._derived:
                 self._derived[key] = compute(self.inputs, self.outputs)
-            return self._derived[key]
+            return cast(T, self._derived[key])
 
 
 class Rows(dict[str, np.ndarray]):

@@ -28,7 +28,14 @@ FEATURE_TAILS: dict[str, Tail] = {  # each feature and the way it points away fr
 NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relative_distance
 
 
-CHUNK_ROWS = 16  # images per pass: float64 copies of 16 MNIST images (100 KB) stay below glibc's mmap threshold
+CHUNK_FLOATS = 16_000  # float64 values per temporary: 128,000 bytes, below glibc's 128 KiB mmap threshold
+
+
+def chunk_rows(images: np.ndarray) -> int:
+    """Images per pass of `image_features`: as many as keep its float64 temporaries under CHUNK_FLOATS (at least 1;
+    20 for 28×28 images)."""
+    per_image = int(np.prod(images.shape[1:])) if images.ndim > 1 else 1
+    return max(1, CHUNK_FLOATS // max(1, per_image))
 
 
 def image_features(images: np.ndarray, scores: np.ndarray, reconstruction: np.ndarray | None) -> dict[str, np.ndarray]:
@@ -38,17 +45,18 @@ def image_features(images: np.ndarray, scores: np.ndarray, reconstruction: np.nd
     score (capsule length or activation); margin: largest minus second-largest score; ink: sum of x.
     Without a reconstruction (no decoder) the two distances are absent.
 
-    Computed CHUNK_ROWS images at a time (the same arithmetic): a float64 temporary over 128 KB is mapped and
-    unmapped by malloc on every call, which made 24 images cost 8 times as much as 16.
+    Computed `chunk_rows` images at a time (the same arithmetic): a float64 temporary over 128 KiB is mapped and
+    unmapped by malloc on every call, which made 24 MNIST images cost 8 times as much as 16.
     """
-    if len(images) > CHUNK_ROWS:
+    step = chunk_rows(images)
+    if len(images) > step:
         parts = [
             image_features(
-                images[i : i + CHUNK_ROWS],
-                scores[i : i + CHUNK_ROWS],
-                None if reconstruction is None else reconstruction[i : i + CHUNK_ROWS],
+                images[i : i + step],
+                scores[i : i + step],
+                None if reconstruction is None else reconstruction[i : i + step],
             )
-            for i in range(0, len(images), CHUNK_ROWS)
+            for i in range(0, len(images), step)
         ]
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     x = images.reshape(len(images), -1).astype(np.float64)

@@ -27,7 +27,8 @@ def _never() -> bool:
 
 
 class Activity:
-    """How many requests the service is handling (HTTP requests and gRPC calls, from arrival to answer)."""
+    """How many requests the service is handling: HTTP requests from their first ASGI event to their answer (every
+    route, and an upload while its body streams in), gRPC calls while their handler runs."""
 
     def __init__(self) -> None:
         self._count = 0
@@ -72,8 +73,9 @@ class RunSlots:
 
         `can_narrow` False: the graph has no single-thread session (one slot budget, or a GPU), so the run waits
         for every slot. A run that needs them all is not starved: while it waits, narrow runs take no new slot.
-        `more_work`: whether the run's graph has work beyond this run (queued requests, a batch being gathered);
-        read each time the slots are checked, it keeps a loaded graph's runs narrow.
+        `more_work`: whether there is work beyond this run (its graph's queued requests or a batch being gathered,
+        or other requests in progress in the service); read each time the slots are checked, it keeps the runs of a
+        loaded service narrow.
         """
         with self._changed:
             take = self._acquire(can_narrow, more_work)

@@ -298,15 +298,17 @@ def test_models_list_says_what_each_model_can_do(ood_client: TestClient) -> None
 
 @pytest.mark.parametrize("with_reconstruction", [True, False])
 def test_features_of_a_large_batch_are_those_of_each_image(with_reconstruction: bool) -> None:
-    from service.runtime.ood import CHUNK_ROWS
+    from service.runtime.ood import chunk_rows
 
     rng = np.random.default_rng(3)
-    n = 2 * CHUNK_ROWS + 5  # computed in chunks
+    step = chunk_rows(np.zeros((1, 1, 28, 28), np.float32))
+    assert step == 20
+    n = 2 * step + 5  # computed in chunks
     images = rng.random((n, 1, 28, 28), dtype=np.float32)
     scores = rng.random((n, 10), dtype=np.float32)
     reconstruction = rng.random((n, 784), dtype=np.float32) if with_reconstruction else None
     batch = image_features(images, scores, reconstruction)
-    for i in (0, CHUNK_ROWS, n - 1):
+    for i in (0, step, n - 1):
         alone = image_features(
             images[i : i + 1], scores[i : i + 1], None if reconstruction is None else reconstruction[i : i + 1]
         )

@@ -24,7 +24,7 @@ COMPARED_HEADERS = ("content-type", "content-length", "www-authenticate", "retry
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths the fast path answered itself (it reads the images through `FastPath.read`)."""
+    """The paths whose images the fast path read (`FastPath.read`): it answers them itself unless reading fails."""
     answered: list[str] = []
     original = fastpath.FastPath.read
 
@@ -213,3 +213,12 @@ def test_inference_errors_are_answered_as_the_error_handlers_would(
 )
 def test_address_recognises_only_the_operations_it_serves(path: str, expected: tuple[str, str | None] | None) -> None:
     assert address(path) == expected
+
+
+def test_a_body_that_cannot_carry_images_is_left_to_the_route_unread(
+    make_client: Callable[..., TestClient], model_repository: Path, served: list[str]
+) -> None:
+    client = make_client(model_repository, default_model=TINY)
+    r = client.post("/v1/classify", content=b"abc", headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and "text/plain" in r.json()["error"]
+    assert served == []  # the route answered, without the fast path reading the body first

@@ -346,9 +346,16 @@ def test_both_front_ends_count_their_requests_in_progress(
             c.infer(TINY, [image_input()])
         assert http.post(f"/v2/models/{TINY}/infer", json=v2_body()).status_code == 200
         assert seen == [1, 1] and activity.count == 0
-        error_of(lambda: triton.InferenceServerClient(f"127.0.0.1:{port}").infer("nope", [image_input()]))
+        with triton.InferenceServerClient(f"127.0.0.1:{port}") as c:
+            error_of(lambda: c.infer("nope", [image_input()]))
         assert http.get("/v2/health/live").status_code == 200
+        too_large = b"x" * (app.state.settings.max_body_bytes + 1)
+        assert http.post(f"/v1/models/{TINY}/classify", content=too_large).status_code == 413
+        assert http.post(f"/v1/models/{TINY}/classify", content=b"{", headers=JSON).status_code == 400
         assert activity.count == 0  # errors and other routes leave nothing counted
+
+
+JSON = {"content-type": "application/json"}
 
 
 def v2_body() -> dict[str, Any]:

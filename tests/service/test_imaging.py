@@ -608,5 +608,5 @@ def test_a_digit_that_already_fits_its_box_is_not_resampled() -> None:
     crop = np.random.default_rng(0).random((20, 13), dtype=np.float32)
     image = Image.frombuffer("F", (13, 20), crop.tobytes(), "raw", "F", 0, 1)
     pillow = np.frombuffer(image.resize((13, 20), Image.Resampling.LANCZOS).tobytes(), np.float32).reshape(20, 13)
-    assert np.array_equal(_fit_box(crop, (20, 20)), pillow)
+    assert _fit_box(crop, (20, 20)) is crop and np.array_equal(crop, pillow)
     assert _fit_box(crop, (10, 10)).shape == (10, 6)  # one that does not fit is still scaled

@@ -8,7 +8,7 @@ Options go in the query string; images in the body (multipart files or JSON, see
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -173,18 +173,17 @@ def ood_scores(
     card: ModelCard, calibration: OODCalibration, images: np.ndarray, outputs: Tensors
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ood_score, in_distribution) of each image. Outputs that are a caller's rows of a batched run (`Rows`) are
-    scored with the whole batch in one vectorised call, once for all of its callers: the batch's inputs hold
-    `images` (they are what the caller submitted)."""
+    scored with the whole batch in one vectorised call, once for all of its callers (read-only arrays, shared): the
+    batch's inputs hold `images`, which are what the caller submitted."""
 
     def assess(inputs: np.ndarray, out: Tensors) -> tuple[np.ndarray, np.ndarray]:
         reconstruction = out[card.output_for("reconstruction").name] if calibration.needs_reconstruction else None
-        return calibration.assess(inputs, out[card.scores.output], reconstruction)
+        score, accepted = calibration.assess(inputs, out[card.scores.output], reconstruction)
+        score.flags.writeable = accepted.flags.writeable = False
+        return score, accepted
 
-    if isinstance(outputs, Rows):
-        score, accepted = cast(
-            tuple[np.ndarray, np.ndarray],
-            outputs.batch.derived("ood", lambda inputs, out: assess(inputs[card.input.name], out)),
-        )
+    if isinstance(outputs, Rows) and outputs.rows.stop - outputs.rows.start == len(images):
+        score, accepted = outputs.batch.derived("ood", lambda inputs, out: assess(inputs[card.input.name], out))
         return score[outputs.rows], accepted[outputs.rows]
     return assess(images, outputs)
 
