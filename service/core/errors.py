@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +140,9 @@ def describe_errors(errors: Iterable[Mapping[str, Any]], *, request: bool = Fals
 
 
 HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
+# The status recorded for a request whose client went away before sending its whole body (nginx's 499): nobody
+# reads the answer, but the metrics and the access log say what happened.
+CLIENT_CLOSED_REQUEST = 499
 
 
 def http_error_message(request: Request, status: int, detail: str, headers: Mapping[str, str]) -> str:
@@ -169,6 +173,12 @@ def install_error_handlers(app: FastAPI) -> None:
         error_type = HTTP_TYPES.get(exc.status_code, "http_error")
         return error_response(request, exc.status_code, message, error_type, headers)
 
+    async def client_gone(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ClientDisconnect)
+        logger.info("%s %s: the client disconnected before sending the whole body", request.method, request.url.path)
+        message = "the client disconnected before sending the whole body"
+        return error_response(request, CLIENT_CLOSED_REQUEST, message, "client_disconnected")
+
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
         return error_response(request, 500, "internal server error", "internal_error")
@@ -176,4 +186,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, service_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ClientDisconnect, client_gone)  # a network event, not a server error (no traceback)
     app.add_exception_handler(Exception, unexpected_error)

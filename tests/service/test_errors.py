@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,51 @@ def test_body_over_the_limit_while_streaming(limited: TestClient) -> None:
         413, f"request body too large: the limit is {LIMIT_BYTES} bytes (CAPSNET_MAX_BODY_BYTES)", "payload_too_large"
     )
     still_serving(limited)
+
+
+def disconnect_mid_body(client: TestClient, path: str) -> list[dict[str, Any]]:
+    """Send half of a multipart upload straight to the ASGI app, then the client's disconnect; what the app sent."""
+    boundary = "b"
+    part = f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="a.png"\r\n\r\n'
+    body = part.encode() + png_bytes(digit_image()) + f"\r\n--{boundary}--\r\n".encode()
+    headers = [(b"content-type", f"multipart/form-data; boundary={boundary}".encode())]
+    headers += [(b"content-length", str(len(body)).encode()), (b"host", b"test")]
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
+        "client": ("127.0.0.1", 1), "server": ("test", 80), "state": {},
+    }  # fmt: skip
+    messages = [{"type": "http.request", "body": body[: len(body) // 2], "more_body": True}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def run() -> None:
+        await client.app(scope, receive, send)  # raises if anything escapes the app
+
+    client.portal.call(run)
+    return sent
+
+
+@pytest.mark.parametrize("path", ["/v1/classify", f"/v1/models/{TINY}/classify", f"/v2/models/{TINY}/infer"])
+def test_a_client_that_leaves_mid_upload_is_no_server_error(
+    client: TestClient, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through the fast path or a route alike: 499 in the metrics and an info line, no traceback and no 500."""
+    caplog.set_level(logging.INFO, logger="service")
+    sent = disconnect_mid_body(client, path)
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [499]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == [
+        f"POST {path}: the client disconnected before sending the whole body"
+    ]
+    template = path if not path.startswith("/v1/models/") else "/v1/models/{name}/classify"
+    template = "/v2/models/{name}/infer" if path.startswith("/v2/") else template
+    assert f'route="{template}",status="499"' in client.get("/metrics").text
+    still_serving(client)
 
 
 # Options
