@@ -63,11 +63,11 @@ class BatchResult:
 
 
 class Rows(dict[str, np.ndarray]):
-    """A caller's rows of every output (a plain `Tensors` to everyone else), with the batch they came from:
-    `batch` and `rows`, the caller's slice of its leading axis."""
+    """A caller's rows of every output of a batch (a plain `Tensors` to everyone else), with the batch they came
+    from: `batch` and `rows`, the caller's slice of its leading axis."""
 
-    def __init__(self, outputs: Tensors, batch: BatchResult, rows: slice) -> None:
-        super().__init__(outputs)
+    def __init__(self, batch: BatchResult, rows: slice) -> None:
+        super().__init__((name, values[rows]) for name, values in batch.outputs.items())
         self.batch, self.rows = batch, rows
 
 
@@ -357,8 +357,7 @@ class DynamicBatcher:
         results: list[tuple[_Request, Outcome]] = []
         offset = 0
         for r in live:
-            mine = slice(offset, offset + r.rows)
-            results.append((r, Rows({k: v[mine] for k, v in outputs.items()}, shared, mine)))
+            results.append((r, Rows(shared, slice(offset, offset + r.rows))))
             offset += r.rows
         return results
 

@@ -230,10 +230,7 @@ def test_callers_of_one_run_are_scored_in_one_call_as_if_alone(
     monkeypatch.setattr(OODCalibration, "assess", lambda self, x, *a: calls.append(len(x)) or assess(self, x, *a))
     shared = BatchResult({card.input.name: images}, outputs)
     callers = [(images[:3], slice(0, 3)), (images[3:], slice(3, 4))]  # two requests in one run
-    scored = [
-        ood_scores(card, calibration, x, Rows({k: v[rows] for k, v in outputs.items()}, shared, rows))
-        for x, rows in callers
-    ]
+    scored = [ood_scores(card, calibration, x, Rows(shared, rows)) for x, rows in callers]
     assert calls == [4]  # the whole batch, once
     assert np.concatenate([s for s, _ in scored]).tolist() == pytest.approx([float(s[0]) for s, _ in alone], abs=1e-9)
     assert np.concatenate([a for _, a in scored]).tolist() == [bool(a[0]) for _, a in alone]
