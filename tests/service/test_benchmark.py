@@ -149,6 +149,18 @@ def test_grpc_framing_and_failure_count() -> None:
     assert loadgen.grpc_failures(metrics) == 3
 
 
+def test_hey_is_timed_by_its_own_clock_not_the_subprocess() -> None:
+    """The window runs from hey's start to its last response, not over its start-up and CSV output."""
+    header = "response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-read,status-code,offset\n"
+    rows = ["0.0020,0,0,0,0,0,200,0.0010", "0.0030,0,0,0,0,0,503,1.9950", "0.0025,0,0,0,0,0,200,1.9990"]
+    result = loadgen.hey_result(header + "\n".join(rows) + "\n", elapsed=2.2)
+    assert (result.requests, result.errors) == (3, 1)
+    assert result.seconds == pytest.approx(2.0015)  # the last response: offset 1.9990 + 0.0025
+    assert result.latencies_s == [0.002, 0.003, 0.0025]
+    nothing = loadgen.hey_result(header, elapsed=2.2)
+    assert (nothing.requests, nothing.seconds) == (0, 2.2)
+
+
 def test_drivers_speak_their_kinds() -> None:
     assert [d for d in loadgen.DRIVERS if loadgen.drives(d, "grpc")] == ["python", "h2load"]
     assert [d for d in loadgen.DRIVERS if loadgen.drives(d, "v1-png")] == ["python", "hey", "wrk"]
