@@ -72,6 +72,7 @@ class HttpRow:
     raw_batch1_p50_ms: float | None  # raw batch 1, measured in the same rounds (concurrency 1 only)
     raw_parallel_throughput: float | None = None  # one single-thread session, a caller per thread, same rounds
     loop_cpu_ms: float | None = None  # of server_cpu_ms, the main thread's: the HTTP event loop (None without /proc)
+    driver_cpu_ms: float | None = None  # the load generator's own CPU time per request (it shares the machine)
 
     @property
     def raw_best(self) -> float:
@@ -168,6 +169,7 @@ def paired_level(
         raw_batch1_p50_ms=percentile_ms(raw_one.latencies, 50) if raw_one.latencies else None,
         raw_parallel_throughput=par_images / par_seconds if par_seconds else None,
         loop_cpu_ms=1000 * cpu.loop / requests if cpu.loop is not None and requests else None,
+        driver_cpu_ms=1000 * sum(r.driver_cpu_s or 0.0 for r in results) / requests if requests else None,
     )
 
 
@@ -308,15 +310,16 @@ def report(result: dict[str, Any]) -> str:
         "",
         "| model | request | driver | concurrency | served (req/s) | raw best batch alongside (img/s) "
         "| raw parallel alongside (img/s) | served ÷ best raw | p50 (ms) | p99 (ms) | raw batch-1 p50 (ms) "
-        "| server CPU per request (ms) | of which event loop (ms) | raw CPU per image (ms) | errors |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server CPU per request (ms) | of which event loop (ms) | driver CPU per request (ms) "
+        "| raw CPU per image (ms) | errors |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     http: list[HttpRow] = result["http"]
     lines += [
         f"| {h.model} | {h.kind} | {h.driver} | {h.concurrency} | {h.throughput:.1f} | {h.raw_throughput:.1f} | "
         f"{fmt(h.raw_parallel_throughput, '.1f')} | {ratio(h.throughput, h.raw_best)} | {fmt(h.p50_ms)} | "
         f"{fmt(h.p99_ms)} | {fmt(h.raw_batch1_p50_ms)} | {fmt(h.server_cpu_ms)} | {fmt(h.loop_cpu_ms)} | "
-        f"{h.raw_cpu_ms:.2f} | {h.errors} |"
+        f"{fmt(h.driver_cpu_ms)} | {h.raw_cpu_ms:.2f} | {h.errors} |"
         for h in http
     ]
     lines += ["", *summary_lines(result)]
@@ -336,12 +339,14 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             ("grpc", True),
             ("grpc", False),
         ):
+            target = 0.85 if h.kind == "grpc" else 0.80
             lines.append(
                 f"{h.model}, {KIND_NAMES[h.kind]} via {h.driver} at concurrency {top}: {h.throughput:.1f} req/s = "
                 f"{ratio(h.throughput, h.raw_best)} × raw ONNX Runtime's best alongside ({h.raw_best:.1f} img/s; "
                 f"serial {h.raw_throughput:.1f}, parallel {fmt(h.raw_parallel_throughput, '.1f')}; "
-                f"{ratio(h.throughput, h.raw_throughput)} × serial) (target >= {0.85 if h.kind == 'grpc' else 0.80})"
+                f"{ratio(h.throughput, h.raw_throughput)} × serial) (target >= {target})"
             )
+            lines += cpu_bound_lines(h, result["machine"]["cpus_usable"], target)
     for h in (h for h in http if h.kind in ("v1-png", "grpc") and h.concurrency == 1):
         slack = 0.5 if h.kind == "grpc" else 1.0
         if h.raw_batch1_p50_ms is not None:
@@ -373,6 +378,21 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     if result.get("server_peak_rss_mib") is not None:
         lines.append(f"service peak resident memory under this load: {result['server_peak_rss_mib']:.0f} MiB (VmHWM)")
     return lines
+
+
+def cpu_bound_lines(h: HttpRow, cpus: int, target: float) -> list[str]:
+    """What the CPU allows a saturated service: every usable CPU busy with the server and the load generator at their
+    measured CPU per request, against the served rate; and the server CPU per request the target leaves."""
+    if h.server_cpu_ms is None or h.driver_cpu_ms is None or not cpus:
+        return []
+    bound = 1000 * cpus / (h.server_cpu_ms + h.driver_cpu_ms)  # requests/s with no CPU idle
+    budget = 1000 * cpus / (target * h.raw_best) - h.driver_cpu_ms  # server ms per request at the target rate
+    return [
+        f"  CPU bound: {cpus} CPUs ÷ (server {h.server_cpu_ms:.2f} + {h.driver} {h.driver_cpu_ms:.2f} ms per "
+        f"request) = {bound:.1f} req/s = {ratio(bound, h.raw_best)} × raw best (served: {h.throughput / bound:.0%} "
+        f"of it); {target} × raw best needs <= {budget:.2f} ms of server CPU per request (raw ONNX Runtime: "
+        f"{h.raw_cpu_ms:.2f} ms per image)"
+    ]
 
 
 def csv_list(text: str) -> list[str]:

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import resource
 import shutil
 import struct
 import subprocess
@@ -87,6 +88,7 @@ class LoadResult:
     seconds: float
     latencies_s: list[float] = field(default_factory=list)
     percentiles_ms: dict[str, float] | None = None  # from a tool that reports percentiles only (wrk)
+    driver_cpu_s: float | None = None  # CPU time the load generator itself used (it shares the machine)
 
 
 def digit_png(height: int, width: int) -> bytes:
@@ -149,7 +151,25 @@ def drives(driver: str, kind: str) -> bool:
 
 
 def run_load(driver: str, host: str, port: int, request: Payload, concurrency: int, seconds: float) -> LoadResult:
-    """Keep `concurrency` connections busy with `request` for about `seconds` (`port`: gRPC's for a gRPC request)."""
+    """Keep `concurrency` connections busy with `request` for about `seconds` (`port`: gRPC's for a gRPC request),
+    with the CPU time the driver used: its subprocess's, or this process's for the built-in clients."""
+    before = driver_cpu_seconds(driver)
+    result = _run_load(driver, host, port, request, concurrency, seconds)
+    after = driver_cpu_seconds(driver)
+    result.driver_cpu_s = after - before
+    return result
+
+
+def driver_cpu_seconds(driver: str) -> float:
+    """CPU seconds so far of `driver`: this process for the built-in clients; the finished subprocesses for the
+    outside tools (each is waited for, so its time is then counted; the server, still running, is not)."""
+    if driver == "python":
+        return time.process_time()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run_load(driver: str, host: str, port: int, request: Payload, concurrency: int, seconds: float) -> LoadResult:
     if request.content_type == GRPC_CONTENT_TYPE:
         if driver == "h2load":
             return h2load_load(host, port, request, concurrency, seconds)

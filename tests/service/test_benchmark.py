@@ -46,10 +46,12 @@ def test_benchmark_prints_raw_and_service_tables(
     cells = [(h["model"], h["kind"], h["concurrency"]) for h in result["http"]]
     assert cells == [(m, k, c) for m in (TINY, NO_DECODER) for k in ("v1-png", "v2-binary", "grpc") for c in (1, 4)]
     assert all(h["errors"] == 0 and h["throughput"] > 0 and h["raw_cpu_ms"] > 0 for h in result["http"])
+    assert all(h["driver_cpu_ms"] > 0 for h in result["http"])  # the built-in clients: this process's CPU time
     if os.path.exists("/proc/self/stat"):
         assert all(h["server_cpu_ms"] > 0 and h["loop_cpu_ms"] >= 0 for h in result["http"])
         assert all(h["loop_cpu_ms"] > 0 for h in result["http"] if h["kind"] == "v1-png")  # HTTP runs on the loop
-        assert "| of which event loop (ms) |" in text
+        assert "| of which event loop (ms) | driver CPU per request (ms) |" in text
+        assert f"{TINY}, gRPC via python at concurrency 4:" in text and "  CPU bound: " in text
     if os.path.exists("/proc/self/status"):
         assert result["server_peak_rss_mib"] > 10
 
@@ -91,6 +93,7 @@ def test_outside_drivers_send_every_request_kind(model_repository: Path, kind: s
         for driver in EXTERNAL:
             result = loadgen.run_load(driver, "127.0.0.1", port, loadgen.payload(card, kind), 2, 1.0)
             assert result.requests > 0 and result.errors == 0, (driver, result)
+            assert result.driver_cpu_s is not None and result.driver_cpu_s > 0, (driver, result)  # the subprocess's
             if driver == "wrk":
                 assert result.percentiles_ms is not None and result.percentiles_ms["p50"] > 0
             else:
@@ -159,6 +162,22 @@ def test_hey_is_timed_by_its_own_clock_not_the_subprocess() -> None:
     assert result.latencies_s == [0.002, 0.003, 0.0025]
     nothing = loadgen.hey_result(header, elapsed=2.2)
     assert (nothing.requests, nothing.seconds) == (0, 2.2)
+
+
+def test_cpu_bound_of_a_saturated_service() -> None:
+    """Every CPU busy at the measured CPU per request bounds the rate; the target leaves a server CPU budget."""
+    row = benchmark.HttpRow(
+        model="m", kind="v1-png", driver="hey", concurrency=32, requests=100, errors=0, throughput=600.0, p50_ms=50.0,
+        p99_ms=90.0, server_cpu_ms=3.0, raw_throughput=700.0, raw_cpu_ms=2.4, raw_batch1_p50_ms=None,
+        raw_parallel_throughput=800.0, loop_cpu_ms=0.5, driver_cpu_ms=0.125,
+    )  # fmt: skip
+    (line,) = benchmark.cpu_bound_lines(row, cpus=2, target=0.8)
+    # 2000 ms / 3.125 ms = 640 req/s = 0.80 × 800; at 0.8 × 800 = 640 req/s the server may use 3.125 - 0.125 ms
+    assert "2 CPUs ÷ (server 3.00 + hey 0.12 ms per request) = 640.0 req/s = 0.80 × raw best" in line
+    assert "(served: 94% of it); 0.8 × raw best needs <= 3.00 ms of server CPU per request" in line
+    assert "(raw ONNX Runtime: 2.40 ms per image)" in line
+    no_proc = benchmark.HttpRow(**{**row.__dict__, "server_cpu_ms": None})
+    assert benchmark.cpu_bound_lines(no_proc, cpus=2, target=0.8) == []
 
 
 def test_drivers_speak_their_kinds() -> None:
