@@ -35,7 +35,7 @@ from service.machine import usable_cpus
 from service.raw_ort import parallel_slice
 from service.runtime.model_dir import create_session, session_options
 from training.architectures import get_architecture
-from training.device import resolve_device, synchronize, use_amp
+from training.device import keep_freed_memory, resolve_device, synchronize, use_amp
 from training.export import DEFAULT_OPSET
 from training.export_card import INPUT_NAME
 from training.export_graphs import ImageGraph, to_onnx
@@ -277,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="one thread (PyTorch and ONNX Runtime), rates per CPU-second of this process (default: wall clock)",
     )
     p.add_argument(
+        "--glibc-malloc-defaults",
+        action="store_true",
+        help="leave glibc's malloc as it is instead of tuning it as capsnet-train does (keep_freed_memory), to "
+        "measure what the tuning gives (default: tuned)",
+    )
+    p.add_argument(
         "--ort-profile",
         type=int,
         nargs="+",
@@ -292,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.ort_profile is not None and min(args.ort_profile) < 1:
         p.error(f"--ort-profile batches must be at least 1, got {min(args.ort_profile)}")
+    tuned = False if args.glibc_malloc_defaults else keep_freed_memory()  # as capsnet-train runs
     cfg = TrainConfig(
         arch=args.arch,
         preset=args.preset,
@@ -317,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "routing": args.routing or "default",
         "routing_iterations": model_config_for(cfg).get("routing_iterations"),
         "clock": "cpu, 1 thread" if args.cpu_time else "wall",
+        "malloc": "tuned as capsnet-train (keep_freed_memory)" if tuned else "glibc defaults",
         f"train_images_per_s_batch{args.batch_size}": round(train_rate, 1),
         "peak_rss_gib_after_training": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "infer_images_per_s_batch1": round(time_inference(cfg, device, 1, args.seconds, clock), 1),

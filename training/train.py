@@ -22,7 +22,7 @@ from torch.utils.data import DistributedSampler
 from training.architectures import ARCHITECTURES, Architecture, get_architecture
 from training.config import TrainConfig
 from training.data import IDXError, MNISTSplit, load_split
-from training.device import DEVICE_CHOICES, resolve_device
+from training.device import DEVICE_CHOICES, keep_freed_memory, resolve_device
 from training.entry import cli_error
 from training.evaluate import evaluate_torch
 from training.generators import pad_split
@@ -369,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keep_freed_memory()
     cfg = TrainConfig(
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
         epochs=args.epochs, batch_size=args.batch_size, lr=learning_rate(args), lr_decay=args.lr_decay,

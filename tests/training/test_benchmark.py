@@ -21,6 +21,19 @@ def test_benchmark_prints_machine_and_rates(capsys: pytest.CaptureFixture[str]) 
     assert result["train_to_ort_ratio"] == pytest.approx(result["train_images_per_s_batch4"] / ort, rel=0.01, abs=1e-3)
 
 
+def test_benchmark_tunes_malloc_as_training_does_unless_asked_not_to(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(benchmark, "keep_freed_memory", lambda: calls.append("tuned") or True)
+    args = ["--preset", "tiny", "--device", "cpu", "--batch-size", "2", "--train-steps", "1", "--seconds", "0.02"]
+    assert benchmark.main(args) == 0
+    assert json.loads(capsys.readouterr().out)["malloc"] == "tuned as capsnet-train (keep_freed_memory)"
+    assert benchmark.main([*args, "--glibc-malloc-defaults"]) == 0
+    assert json.loads(capsys.readouterr().out)["malloc"] == "glibc defaults"
+    assert calls == ["tuned"]
+
+
 def test_em_benchmark_prints_the_comparison_with_the_dynamic_model(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

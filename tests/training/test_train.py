@@ -193,8 +193,10 @@ def test_within_budget_judges_by_the_last_epoch() -> None:
 
 
 def test_cli_time_budget_exits_3_and_says_how_to_continue(
-    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    tuned: list[bool] = []
+    monkeypatch.setattr(train, "keep_freed_memory", lambda: tuned.append(True) or True)
     out = tmp_path / "budget"
     base = ["--data-dir", str(synthetic_mnist), "--out", str(out), "--preset", "tiny", "--batch-size", "16",
             "--epochs", "2", "--device", "cpu"]  # fmt: skip
@@ -204,6 +206,7 @@ def test_cli_time_budget_exits_3_and_says_how_to_continue(
     assert torch.load(out / "last.pt", weights_only=False)["mid_epoch"]["step"] == 1  # the first step always runs
     assert train.main([*base, "--resume", str(out / "last.pt"), "--max-minutes", "60"]) == 0
     assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert tuned == [True, True]  # glibc's malloc tuned for training by each run (training.device.keep_freed_memory)
 
 
 def test_cli_rejects_a_negative_checkpoint_interval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
