@@ -180,6 +180,23 @@ def test_cpu_bound_of_a_saturated_service() -> None:
     assert benchmark.cpu_bound_lines(no_proc, cpus=2, target=0.8) == []
 
 
+def test_throughput_targets_are_judged_under_load_only() -> None:
+    """A run at concurrency 1 alone gets its latency verdict, not a throughput one (the targets are for load)."""
+    row = benchmark.HttpRow(
+        model="m", kind="v1-png", driver="hey", concurrency=1, requests=100, errors=0, throughput=300.0, p50_ms=2.8,
+        p99_ms=4.0, server_cpu_ms=4.0, raw_throughput=700.0, raw_cpu_ms=2.4, raw_batch1_p50_ms=1.7,
+        raw_parallel_throughput=800.0, loop_cpu_ms=0.8, driver_cpu_ms=0.2,
+    )  # fmt: skip
+    result = {"http": [row], "raw": {}, "gemm": {}, "flops_per_image": {}, "machine": {"cpus_usable": 2}}
+    lines = benchmark.summary_lines(result)
+    latency = "m, v1 PNG via hey at concurrency 1: p50 2.80 ms vs raw batch-1 p50 1.70 ms: +1.10 ms (target <= +1.0 ms)"
+    assert lines == [latency]
+    loaded = benchmark.HttpRow(**{**row.__dict__, "concurrency": 32, "raw_batch1_p50_ms": None})
+    lines = benchmark.summary_lines({**result, "http": [row, loaded]})
+    assert lines[0].startswith("m, v1 PNG via hey at concurrency 32: 300.0 req/s = 0.38 × raw")
+    assert "CPU bound" in lines[1] and lines[2] == latency
+
+
 def test_drivers_speak_their_kinds() -> None:
     assert [d for d in loadgen.DRIVERS if loadgen.drives(d, "grpc")] == ["python", "h2load"]
     assert [d for d in loadgen.DRIVERS if loadgen.drives(d, "v1-png")] == ["python", "hey", "wrk"]
