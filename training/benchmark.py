@@ -324,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         "routing": args.routing or "default",
         "routing_iterations": model_config_for(cfg).get("routing_iterations"),
         "clock": "cpu, 1 thread" if args.cpu_time else "wall",
-        "malloc": "tuned as capsnet-train (keep_freed_memory)" if tuned else "glibc defaults",
+        "malloc": "tuned as capsnet-train (keep_freed_memory)"
+        if tuned
+        else ("glibc defaults" if args.glibc_malloc_defaults else "the C library's defaults (not glibc)"),
         f"train_images_per_s_batch{args.batch_size}": round(train_rate, 1),
         "peak_rss_gib_after_training": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "infer_images_per_s_batch1": round(time_inference(cfg, device, 1, args.seconds, clock), 1),

@@ -70,13 +70,14 @@ def keep_freed_memory() -> bool:
     wait (the README's "Training speed" has the figures). Blocks up to 32 MiB now come from the heap, and up to
     1 GiB of free heap is kept rather than trimmed: the freed memory is what the next step needs.
 
-    Returns False where this is not glibc (nothing changed), True once both settings are made.
+    Returns True once both settings are made; False off Linux, or where the C library has no mallopt or refuses
+    a setting.
     """
     if not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+    except (OSError, AttributeError):  # a C library without mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))

@@ -32,6 +32,9 @@ def test_benchmark_tunes_malloc_as_training_does_unless_asked_not_to(
     assert benchmark.main([*args, "--glibc-malloc-defaults"]) == 0
     assert json.loads(capsys.readouterr().out)["malloc"] == "glibc defaults"
     assert calls == ["tuned"]
+    monkeypatch.setattr(benchmark, "keep_freed_memory", lambda: False)  # another C library: nothing tuned
+    assert benchmark.main(args) == 0
+    assert json.loads(capsys.readouterr().out)["malloc"] == "the C library's defaults (not glibc)"
 
 
 def test_em_benchmark_prints_the_comparison_with_the_dynamic_model(
