@@ -46,7 +46,7 @@ def test_a_refused_setting_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_nothing_is_done_without_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
-    use_libc(monkeypatch, object())  # a C library without mallopt (musl)
+    use_libc(monkeypatch, object())  # a C library without mallopt
     assert device.keep_freed_memory() is False
 
     def unloadable(name: Any) -> None:
