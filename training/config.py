@@ -21,6 +21,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     amp: bool = False  # bfloat16 autocast of the convolutions: CUDA, or a CPU with native bfloat16
+    ema: float = 0.0  # decay per step of an exponential moving average of the weights, evaluated and saved; 0: off
     val_split: int = 0  # hold out this many training images (seeded) for validation; 0: train on all
     train_subset: int | None = None
     epoch_images: int | None = None  # an epoch is this many images of one seeded stream of shuffles; None: the set

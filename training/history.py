@@ -119,6 +119,14 @@ def render_table(history: list[dict[str, Any]]) -> str:
 def render(history: list[dict[str, Any]], source: str) -> str:
     """Table plus the selections, as the README shows them."""
     lines = [f"Per epoch, from `{source}`:", "", render_table(history), ""]
+    if averaged := [h for h in history if h.get("ema")]:
+        decays = sorted({h["ema"] for h in averaged})
+        lines += [
+            f"From epoch {averaged[0]['epoch']} the errors are those of the weights' exponential moving average "
+            f"(`--ema`, decay {', '.join(map(str, decays))} per step), the weights the checkpoints save and "
+            "export; the train loss and error are the trained weights'.",
+            "",
+        ]
     for s in selections(history):
         lines.append(f"- Selected by {s.rule}: epoch {s.epoch}, test error **{s.test_error:.2%}**.")
     return "\n".join(lines) + "\n"

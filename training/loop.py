@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from training.checkpoint import (
@@ -131,8 +132,10 @@ def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-# Settings that may change between the calls of one resumable run (they do not change the experiment).
-RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run"})
+# Settings that may change between the calls of one resumable run (they do not change the experiment). The
+# weight average (`ema`) may be switched on part-way: it then starts from the resumed weights, and each epoch's
+# row says which weights were evaluated.
+RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run", "ema"})
 EXIT_UNFINISHED = 3  # --max-minutes stopped the run before --epochs; resume it
 
 
@@ -226,6 +229,11 @@ class Trainer(Generic[TaskT]):
         self.amp = use_amp(cfg.amp, self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=cfg.lr_decay)
+        # The weights evaluated and saved as "model": an exponential moving average of the trained ones, updated
+        # after every optimizer step, when cfg.ema is set (the trained weights are then kept as "training_model").
+        self.ema: AveragedModel | None = (
+            AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema)) if cfg.ema else None
+        )
         self.epoch = 0
         self.best_test_error = math.inf
         self.best_val_error = math.inf
@@ -256,7 +264,10 @@ class Trainer(Generic[TaskT]):
             check_resumable(
                 path, state["train_config"], wanted, int(state["epoch"]), self.cfg.epochs, RESUMABLE_CHANGES
             )
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(state.get("training_model", state["model"]))
+        if self.ema is not None and "training_model" in state:  # else the average starts from these weights
+            self.ema.module.load_state_dict(state["model"])
+            self.ema.n_averaged.fill_(int(state.get("ema_updates", 0)))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch = int(state["epoch"])
@@ -293,7 +304,12 @@ class Trainer(Generic[TaskT]):
             "arch": self.cfg.arch,
             "model_config": self.model_config,
             "train_config": asdict(self.cfg),
-            "model": self.model.state_dict(),
+            "model": self.evaluated_model.state_dict(),
+            **(
+                {}
+                if self.ema is None
+                else {"training_model": self.model.state_dict(), "ema_updates": int(self.ema.n_averaged)}
+            ),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "epoch": self.epoch,
@@ -306,6 +322,11 @@ class Trainer(Generic[TaskT]):
             **({} if self.init_from is None else {"init_from": self.init_from}),
             **({} if self.evaluation_seconds is None else {"evaluation_seconds": self.evaluation_seconds}),
         }
+
+    @property
+    def evaluated_model(self) -> nn.Module:
+        """The weights each epoch is evaluated with and checkpoints save as "model": the average, if kept."""
+        return self.model if self.ema is None else self.ema.module
 
     def _autocast(self) -> Any:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
@@ -354,6 +375,8 @@ class Trainer(Generic[TaskT]):
             self.optimizer.zero_grad(set_to_none=True)
             result.loss.backward()
             self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update_parameters(self.model)
             self._count(progress, result)
             progress.step = step + 1
             if budget is not None:
@@ -461,6 +484,7 @@ class Trainer(Generic[TaskT]):
                 "seconds": round(stats["train_seconds"], 2),
                 "images_per_second": round(stats["train_images"] / stats["train_seconds"], 1),
                 "precision": "bfloat16-mixed" if self.amp else "float32",
+                **({} if self.ema is None else {"ema": self.cfg.ema}),
                 **({"init_from": self.init_from} if self.init_from is not None and self.epoch == 1 else {}),
             }
             last_seconds = clock() - start
@@ -474,7 +498,7 @@ class Trainer(Generic[TaskT]):
 
     def _evaluate(self) -> dict[str, Any]:
         start = clock()
-        evaluation = self.task.evaluate(self.model, 1 if self.cfg.dry_run else None)
+        evaluation = self.task.evaluate(self.evaluated_model, 1 if self.cfg.dry_run else None)
         self.evaluation_seconds = clock() - start
         return evaluation
 

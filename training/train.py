@@ -310,6 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="hold out N training images (a permutation seeded by --seed) for validation; each epoch records "
         "val_error and the best one is saved as best_val.pt (default: 0, train on all 60,000)",
     )
+    p.add_argument(
+        "--ema",
+        type=float,
+        default=0.0,
+        metavar="DECAY",
+        help="evaluate and save an exponential moving average of the weights, updated after every step with this "
+        "decay (e.g. 0.999: about the last 1,000 steps); the trained weights are kept beside it to resume from, "
+        "and it may be switched on when resuming a run (it then starts from the resumed weights) "
+        "(default: 0, off)",
+    )
     p.add_argument("--train-subset", type=int, default=None, help="train on the first N images only (default: all)")
     p.add_argument(
         "--epoch-images",
@@ -344,6 +354,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--epoch-images must be at least 1, got {args.epoch_images}")
     if args.max_minutes is not None and not args.max_minutes > 0:
         parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
+    if not 0 <= args.ema < 1:
+        parser.error(f"--ema must be at least 0 and below 1, got {args.ema}")
     if not args.checkpoint_minutes >= 0:
         parser.error(f"--checkpoint-minutes must be 0 or more, got {args.checkpoint_minutes}")
     if args.init_from is not None and args.resume is not None:
@@ -373,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
         epochs=args.epochs, batch_size=args.batch_size, lr=learning_rate(args), lr_decay=args.lr_decay,
-        max_shift=args.max_shift, canvas=args.canvas,
+        max_shift=args.max_shift, canvas=args.canvas, ema=args.ema,
         seed=args.seed, device=args.device, amp=args.amp, val_split=args.val_split, train_subset=args.train_subset,
         test_subset=args.test_subset, epoch_images=args.epoch_images, dry_run=args.dry_run,
     )  # fmt: skip

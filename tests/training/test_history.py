@@ -66,6 +66,12 @@ def test_table_bolds_the_selected_epochs_and_shows_validation_only_when_present(
     assert "**0.60%** | 1.00%" in with_val and "**0.40%** | 2.00%" in with_val
 
 
+def test_render_says_from_which_epoch_the_errors_are_the_averages() -> None:
+    assert "moving average" not in render([_epoch(1, 0.006), _epoch(2, 0.004)], "m.jsonl")
+    text = render([_epoch(1, 0.006), _epoch(2, 0.004, ema=0.999), _epoch(3, 0.004, ema=0.999)], "m.jsonl")
+    assert "From epoch 2 the errors are those of the weights' exponential moving average (`--ema`, decay 0.999" in text
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -54,10 +54,10 @@ class ToyTask:
         self.order.bit_generator.state = state["order"]
 
 
-def toy_trainer(out: Path | None, epochs: int, resume: str | None = None) -> Trainer[ToyTask]:
+def toy_trainer(out: Path | None, epochs: int, resume: str | None = None, ema: float = 0.0) -> Trainer[ToyTask]:
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    cfg = replace(CFG, epochs=epochs)
+    cfg = replace(CFG, epochs=epochs, ema=ema)
     return Trainer(cfg, ToyTask(), model, {"in": 3, "out": 1}, out, resume, strict_resume=True)
 
 
@@ -93,6 +93,89 @@ def test_resuming_with_other_settings_is_refused(tmp_path: Path) -> None:
         Trainer(replace(CFG, lr=0.1), ToyTask(), model, {"in": 3, "out": 1}, None, last, strict_resume=True)
     with pytest.raises(ValueError, match="different architecture or model config"):
         Trainer(CFG, ToyTask(), model, {"in": 4, "out": 1}, None, last, strict_resume=True)
+
+
+class Recorder:
+    """Wraps the toy task's step to record the trained weights after each optimizer step (seen at the next step)."""
+
+    def __init__(self, trainer: Trainer[ToyTask]) -> None:
+        self.weights: list[torch.Tensor] = []
+        self.trainer = trainer
+        step = trainer.task.step
+
+        def recording_step(*args: Any) -> Step:
+            self.weights.append(torch.cat([p.detach().flatten().clone() for p in trainer.model.parameters()]))
+            return step(*args)
+
+        trainer.task.step = recording_step  # type: ignore[method-assign]
+
+    def trained(self) -> list[torch.Tensor]:
+        """The weights after every step taken so far (the first recorded ones are the starting weights)."""
+        final = torch.cat([p.detach().flatten() for p in self.trainer.model.parameters()])
+        return [*self.weights[1:], final]
+
+
+def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([state["weight"].flatten(), state["bias"].flatten()])
+
+
+def moving_average(weights: list[torch.Tensor], decay: float) -> torch.Tensor:
+    """The first update copies, then avg = decay avg + (1 - decay) w, as torch's AveragedModel with EMA does."""
+    average = weights[0].clone()
+    for w in weights[1:]:
+        average = decay * average + (1 - decay) * w
+    return average
+
+
+def test_ema_evaluates_and_saves_the_average_and_keeps_the_trained_weights(tmp_path: Path) -> None:
+    trainer = toy_trainer(tmp_path / "run", epochs=2, ema=0.9)
+    recorder = Recorder(trainer)
+    history = trainer.fit()
+    average = moving_average(recorder.trained(), 0.9)
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert torch.allclose(flat(state["model"]), average, atol=1e-6)
+    assert torch.equal(flat(state["training_model"]), recorder.trained()[-1])
+    assert state["ema_updates"] == 10 and not torch.allclose(average, recorder.trained()[-1])
+    averaged = nn.Linear(3, 1)
+    averaged.load_state_dict(state["model"])
+    assert history[-1]["test_error"] == pytest.approx(trainer.task.evaluate(averaged, None)["test_error"])
+    assert [row["ema"] for row in history] == [0.9, 0.9]
+    assert "training_model" in load_checkpoint(tmp_path / "run" / "best.pt")  # best.pt can be resumed as well
+
+
+def test_ema_resumes_exactly(tmp_path: Path) -> None:
+    whole = toy_trainer(tmp_path / "whole", epochs=3, ema=0.9)
+    whole.fit()
+    toy_trainer(tmp_path / "part", epochs=1, ema=0.9).fit()
+    resumed = toy_trainer(tmp_path / "part", epochs=3, resume=str(tmp_path / "part" / "last.pt"), ema=0.9)
+    resumed.fit()
+    timing = ("seconds", "images_per_second", "progress")
+    assert [{k: v for k, v in row.items() if k not in timing} for row in resumed.history] == [
+        {k: v for k, v in row.items() if k not in timing} for row in whole.history
+    ]
+    a, b = load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "part" / "last.pt")
+    for key in ("model", "training_model"):
+        assert torch.equal(flat(a[key]), flat(b[key])), key
+    assert a["ema_updates"] == b["ema_updates"] == 15
+
+
+def test_ema_can_be_switched_on_and_off_when_resuming(tmp_path: Path) -> None:
+    plain = toy_trainer(tmp_path / "plain", epochs=2)
+    plain.fit()
+    toy_trainer(tmp_path / "run", epochs=1).fit()
+    switched = toy_trainer(tmp_path / "run", epochs=2, resume=str(tmp_path / "run" / "last.pt"), ema=0.5)
+    recorder = Recorder(switched)
+    switched.fit()
+    assert "ema" not in switched.history[0] and switched.history[1]["ema"] == 0.5
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    # the trained weights follow the plain run exactly; the average starts from them at the first step after resuming
+    assert torch.equal(flat(state["training_model"]), flat(plain.model.state_dict()))
+    average = moving_average(recorder.trained(), 0.5)
+    assert state["ema_updates"] == 5 and torch.allclose(flat(state["model"]), average, atol=1e-6)
+    off = toy_trainer(tmp_path / "run", epochs=3, resume=str(tmp_path / "run" / "last.pt"))
+    assert torch.equal(flat(off.model.state_dict()), flat(state["training_model"]))  # resumes the trained weights
+    off.fit()
+    assert "ema" not in off.history[-1] and "training_model" not in load_checkpoint(tmp_path / "run" / "last.pt")
 
 
 def test_a_checkpoint_of_another_format_is_refused(tmp_path: Path) -> None:

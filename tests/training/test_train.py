@@ -237,6 +237,12 @@ def test_cli_dry_run_on_synthetic_data_writes_nothing(
     assert not out.exists()
 
 
+def test_cli_ema_reaches_the_loop(synthetic_mnist: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--data-dir", str(synthetic_mnist), "--preset", "tiny", "--dry-run", "--ema", "0.99"]
+    assert train.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["ema"] == 0.99  # the row says its errors are the average's
+
+
 @pytest.mark.parametrize(
     ("argv", "lr"),
     [
@@ -264,6 +270,8 @@ def test_cli_learning_rate_defaults_to_the_architectures(
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
         (["--max-minutes", "0"], "--max-minutes must be positive, got 0.0"),
         (["--epoch-images", "0"], "--epoch-images must be at least 1, got 0"),
+        (["--ema", "1"], "--ema must be at least 0 and below 1, got 1.0"),
+        (["--ema", "-0.5"], "--ema must be at least 0 and below 1, got -0.5"),
     ],
 )
 def test_cli_usage_errors_exit_2_with_one_line(
