@@ -363,6 +363,27 @@ def test_cli_exports_a_checkpoint_and_the_model_evaluates_like_the_card(
     )
 
 
+def test_a_checkpoint_with_a_weight_average_exports_the_average(mnist_dir: Path, tmp_path: Path) -> None:
+    cfg = TrainConfig(preset="tiny", epochs=1, batch_size=16, eval_batch_size=32, device="cpu", seed=1, ema=0.5)
+    mnist_trainer(cfg, str(mnist_dir), tmp_path / "run").fit()
+    state = torch.load(tmp_path / "run" / "best.pt", weights_only=False)
+    card = export_checkpoint(
+        tmp_path / "run" / "best.pt", tmp_path / "zoo" / "capsnet-ema", data_dir=str(mnist_dir), torchscript=False
+    )
+    assert card["training"]["train_config"]["ema"] == 0.5
+    images = to_float(load_split(mnist_dir, "test").images[:8])
+    session = ort.InferenceSession(str(tmp_path / "zoo" / "capsnet-ema" / "capsnet.onnx"))
+    (lengths,) = session.run(["lengths"], {"image": images})
+    outputs = {}
+    for key in ("model", "training_model"):
+        model = CapsNet(CapsNetConfig.from_dict(state["model_config"])).eval()
+        model.load_state_dict(state[key])
+        with torch.no_grad():
+            outputs[key] = model(torch.from_numpy(images)).lengths.numpy()
+    assert np.allclose(lengths, outputs["model"], atol=1e-5)
+    assert not np.allclose(lengths, outputs["training_model"], atol=1e-5)
+
+
 @pytest.mark.slow
 def test_cli_dry_run_verifies_and_writes_nothing(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
