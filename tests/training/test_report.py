@@ -525,6 +525,7 @@ def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: P
     assert "| CapsNet, last epoch (epoch 2) | 8,215,568 | 1.20 | 96 | 0.00 | 1.00% | 10,000 |" in text
     assert f"CapsNet's curve is `{curve}` (48 training images per epoch" in text
     assert "The baseline's test error is on the first 32 test digits (standard error ±" in text
+    assert "**What is left.** The baseline trained " in text and "so training it to convergence is left." in text
 
 
 @pytest.mark.parametrize(
@@ -702,6 +703,17 @@ def test_multimnist_section_renders_a_partial_run_with_its_composites_per_epoch(
         "each of the first 16 test digits" in text and "CapsNet: **unfinished**, 1 of 2 epochs of 24 composites" in text
     )
     assert "| CapsNet (this run) | 239,008 | 1 | 24 |" in text and "**Partial result.**" in text
+    assert "**What is left.**" not in text  # the run itself is unfinished: the partial note says how to go on
+
+
+def test_further_note_doubles_the_epochs_and_estimates_the_time() -> None:
+    prog = {"epochs_planned": 10, "epochs_done": 10, "train_hours": 0.83}
+    note = compute.further_note("python -m training.report --epochs 10 --runs r", prog, "More is left.")
+    assert note.startswith("**What is left.** More is left. `python -m training.report --epochs 20 --runs r` trains")
+    assert "trains 10 more epochs" in note and "about 0.8 h more of training" in note
+    assert "`python -m training.report --runs r --epochs 20`" in compute.further_note(
+        "python -m training.report --runs r", prog, ""
+    )
 
 
 def test_a_result_is_partial_while_any_of_its_models_is_unfinished(tmp_path: Path) -> None:
@@ -735,3 +747,21 @@ def test_the_affine_section_gives_each_models_last_epoch_and_flags_a_low_match_p
     text = affine.render_affine(ctx, common.save_result(ctx, "affine", result, {}), None)
     assert ("below the paper's match point" in text) is below_paper
     assert "Each model's last epoch:" in text and "| CapsNet | 3 | 99.90% | 49.95% |" in text
+    assert "**What is left.**" not in text  # without the runs' progress nothing is said about going on
+    done = {"epochs_planned": 3, "epochs_done": 3, "images_per_epoch": 60, "images_done": 180}
+    train = {"epochs": 3, "batch_size": 8, "lr": 0.001, "lr_decay": 0.96}
+    for arch in models:
+        models[arch] |= {
+            "progress": {**done, "images_planned": 180, "train_hours": 0.25, "finished": True},
+            "model_config": {},
+            "train_config": train,
+            "train_flops_per_image": 1e9,
+        }
+    result["train_digits"] = 60
+    saved = common.save_result(ctx, "affine", result, {})
+    saved.command = "python -m training.report --sections affine --runs runs --epochs 3 --max-minutes 30"
+    text = affine.render_affine(ctx, saved, None)
+    assert ("**What is left.** The models are compared at 95.00% MNIST accuracy" in text) is below_paper
+    assert ("`python -m training.report --sections affine --runs runs --epochs 6 --max-minutes 30`" in text) is (
+        below_paper
+    )

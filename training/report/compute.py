@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,25 @@ def continue_note(command: str) -> str:
         f"**Partial result.** The numbers above are those of the epochs done so far. `{command}` continues every "
         "unfinished model from its last checkpoint under `--runs` (in chunks of `--max-minutes`; exit status 3 "
         "means there is more to do) and rewrites this section."
+    )
+
+
+def further_note(command: str, prog: dict[str, Any], left: str) -> str:
+    """What a section whose runs did finish, but short of the paper's training, says is left and how to go on.
+
+    The command is the section's own with `--epochs` doubled: the runs under `--runs` continue from their last
+    checkpoints (the learning rate goes on decaying per epoch), and the time it takes is estimated from the
+    epochs done.
+    """
+    epochs = int(prog["epochs_planned"])
+    longer = re.sub(r"--epochs \d+", f"--epochs {2 * epochs}", command)
+    if longer == command:
+        longer = f"{command} --epochs {2 * epochs}"
+    hours = float(prog["train_hours"]) * epochs / max(int(prog["epochs_done"]), 1)
+    return (
+        f"**What is left.** {left} `{longer}` trains {epochs} more epochs from the last checkpoints under "
+        f"`--runs` (about {hours:.1f} h more of training on the same machine) and rewrites this section; "
+        "without those checkpoints it starts again from the first epoch."
     )
 
 
