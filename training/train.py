@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="DECAY",
         help="evaluate and save an exponential moving average of the weights, updated after every step with this "
-        "decay (e.g. 0.999: about the last 1,000 steps); the trained weights are kept beside it to resume from, "
+        "decay (e.g. 0.999: about the last 1,000 steps), warmed up as min(DECAY, (1 + n) / (10 + n)) over the "
+        "first n updates; the trained weights are kept beside it to resume from, "
         "and it may be switched on when resuming a run (it then starts from the resumed weights) "
         "(default: 0, off)",
     )

@@ -120,10 +120,11 @@ def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def moving_average(weights: list[torch.Tensor], decay: float) -> torch.Tensor:
-    """The first update copies, then avg = decay avg + (1 - decay) w, as torch's AveragedModel with EMA does."""
+    """The first update copies, then the n-th after it avg = d avg + (1 - d) w with d = min(decay, (1+n)/(10+n))."""
     average = weights[0].clone()
-    for w in weights[1:]:
-        average = decay * average + (1 - decay) * w
+    for n, w in enumerate(weights[1:], start=1):
+        d = min(decay, (1 + n) / (10 + n))
+        average = d * average + (1 - d) * w
     return average
 
 
@@ -141,6 +142,14 @@ def test_ema_evaluates_and_saves_the_average_and_keeps_the_trained_weights(tmp_p
     assert history[-1]["test_error"] == pytest.approx(trainer.task.evaluate(averaged, None)["test_error"])
     assert [row["ema"] for row in history] == [0.9, 0.9]
     assert "training_model" in load_checkpoint(tmp_path / "run" / "best.pt")  # best.pt can be resumed as well
+
+
+def test_the_average_warms_up_then_keeps_its_decay() -> None:
+    update = loop.ema_with_warmup(0.5)
+    for n, decay in ((1, 2 / 11), (8, 0.5), (1000, 0.5)):  # min(0.5, (1 + n) / (10 + n))
+        averaged, current = [torch.zeros(3)], [torch.ones(3)]
+        update(averaged, current, torch.tensor(n))
+        assert torch.allclose(averaged[0], torch.full((3,), 1 - decay))
 
 
 def test_ema_resumes_exactly(tmp_path: Path) -> None:
