@@ -144,8 +144,8 @@ def further_note(command: str, prog: dict[str, Any], left: str) -> str:
     hours = float(prog["train_hours"]) * epochs / max(int(prog["epochs_done"]), 1)
     return (
         f"**What is left.** {left} `{longer}` trains {epochs} more epochs from the last checkpoints under "
-        f"`--runs` (about {hours:.1f} h more of training on the same machine) and rewrites this section; "
-        "without those checkpoints it starts again from the first epoch."
+        f"`--runs` (about {hours:.1f} h more of training on the same machine) and rewrites the section in the "
+        "report under its `--out`; without those checkpoints it starts again from the first epoch."
     )
 
 
