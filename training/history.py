@@ -116,15 +116,27 @@ def render_table(history: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def epoch_ranges(rows: list[dict[str, Any]]) -> str:
+    """The rows' epochs as runs, e.g. "2–5, 8" (rows sorted by epoch)."""
+    runs: list[list[int]] = []
+    for epoch in (int(h["epoch"]) for h in rows):
+        if runs and epoch == runs[-1][1] + 1:
+            runs[-1][1] = epoch
+        else:
+            runs.append([epoch, epoch])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs)
+
+
 def render(history: list[dict[str, Any]], source: str) -> str:
     """Table plus the selections, as the README shows them."""
     lines = [f"Per epoch, from `{source}`:", "", render_table(history), ""]
     if averaged := [h for h in history if h.get("ema")]:
-        decays = sorted({h["ema"] for h in averaged})
+        decays = ", ".join(map(str, sorted({h["ema"] for h in averaged})))
+        which = "Every epoch's" if len(averaged) == len(history) else f"Epochs {epoch_ranges(averaged)}:"
         lines += [
-            f"From epoch {averaged[0]['epoch']} the errors are those of the weights' exponential moving average "
-            f"(`--ema`, decay {', '.join(map(str, decays))} per step), the weights the checkpoints save and "
-            "export; the train loss and error are the trained weights'.",
+            f"{which} test and validation errors are those of the weights' exponential moving average (`--ema`, "
+            f"decay {decays} per step), the weights its checkpoints save and export; the train loss and error are "
+            "the trained weights'.",
             "",
         ]
     for s in selections(history):

@@ -114,15 +114,23 @@ def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     epochs = [h["epoch"] for h in history]
+    # The held-out figures are the weight average's where it was kept (`--ema`), the train ones never are.
+    averaged = (
+        " (average)"
+        if all(h.get("ema") for h in history)
+        else " (average in part)"
+        if any(h.get("ema") for h in history)
+        else ""
+    )
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.plot(epochs, [h["train_loss"] for h in history], marker="o", label="train")
     if all("test_loss" in h for h in history):
-        ax1.plot(epochs, [h["test_loss"] for h in history], marker="o", label="test")
+        ax1.plot(epochs, [h["test_loss"] for h in history], marker="o", label="test" + averaged)
     ax1.set(xlabel="epoch", ylabel="loss", title="loss")
     ax1.legend()
-    ax2.plot(epochs, [100 * h["test_error"] for h in history], marker="o", label="test error")
+    ax2.plot(epochs, [100 * h["test_error"] for h in history], marker="o", label="test error" + averaged)
     if all("val_error" in h for h in history):
-        ax2.plot(epochs, [100 * h["val_error"] for h in history], marker="o", label="validation error")
+        ax2.plot(epochs, [100 * h["val_error"] for h in history], marker="o", label="validation error" + averaged)
     if all("train_accuracy" in h for h in history):
         ax2.plot(epochs, [100 * (1 - h["train_accuracy"]) for h in history], marker="o", label="train error")
     ax2.set(xlabel="epoch", ylabel="error (%)", title="error", yscale="log")
@@ -132,9 +140,9 @@ def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-# Settings that may change between the calls of one resumable run (they do not change the experiment). The
-# weight average (`ema`) may be switched on part-way: it then starts from the resumed weights, and each epoch's
-# row says which weights were evaluated.
+# Settings that may change between the calls of one resumable run: all but `ema` leave the experiment as it was.
+# The weight average (`ema`) changes which weights are evaluated and saved, so each epoch's row says whether it
+# was the average; switched on part-way, it starts from the resumed weights.
 RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run", "ema"})
 EXIT_UNFINISHED = 3  # --max-minutes stopped the run before --epochs; resume it
 
@@ -202,8 +210,10 @@ def ema_with_warmup(decay: float) -> Callable[[Tensors, Tensors, torch.Tensor | 
 
     @torch.no_grad()
     def update(averaged: Tensors, current: Tensors, updates: torch.Tensor | int) -> None:
-        n = float(updates)
-        torch._foreach_lerp_(averaged, current, 1.0 - min(decay, (1.0 + n) / (10.0 + n)))
+        # The count stays a tensor on the weights' device, so a GPU run never waits for it.
+        n = torch.as_tensor(updates, device=averaged[0].device).to(averaged[0].dtype)
+        weight = 1.0 - ((1.0 + n) / (10.0 + n)).clamp(max=decay)
+        torch._foreach_lerp_(averaged, current, [weight] * len(averaged))
 
     return update
 
@@ -282,9 +292,9 @@ class Trainer(Generic[TaskT]):
                 path, state["train_config"], wanted, int(state["epoch"]), self.cfg.epochs, RESUMABLE_CHANGES
             )
         self.model.load_state_dict(state.get("training_model", state["model"]))
-        if self.ema is not None and "training_model" in state:  # else the average starts from these weights
+        if self.ema is not None:  # without a saved average it starts from these weights (its next update copies)
             self.ema.module.load_state_dict(state["model"])
-            self.ema.n_averaged.fill_(int(state.get("ema_updates", 0)))
+            self.ema.n_averaged.fill_(int(state.get("ema_updates", 0)) if "training_model" in state else 0)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch = int(state["epoch"])

@@ -209,7 +209,7 @@ def train_multimnist(
     last.pt exactly (refusing one of other settings); no epoch is started that would end past `deadline`
     (time.monotonic(), judged by the last epoch), so the history may be shorter than cfg.epochs; with
     `checkpoint_minutes`, last.pt is also written every that many minutes inside an epoch. Returns
-    the model, the per-epoch history and the test composites.
+    the model (its evaluated weights: the average, with `ema`), the per-epoch history and the test composites.
     """
     loop_cfg = train_config(cfg, device)
     torch.manual_seed(cfg.seed)
@@ -220,4 +220,4 @@ def train_multimnist(
     resume = str(last) if last is not None and last.is_file() else None
     trainer = Trainer(loop_cfg, task, model, model_config, out_dir, resume, strict_resume=True)
     history = trainer.fit(deadline, checkpoint_minutes)
-    return cast(CapsNet, model), history, task.test_data
+    return cast(CapsNet, trainer.evaluated_model), history, task.test_data

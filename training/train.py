@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from training.architectures import ARCHITECTURES, Architecture, get_architecture
+from training.checkpoint import load_checkpoint
 from training.config import TrainConfig
 from training.data import IDXError, MNISTSplit, load_split
 from training.device import DEVICE_CHOICES, keep_freed_memory, resolve_device
@@ -313,13 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ema",
         type=float,
-        default=0.0,
+        default=None,
         metavar="DECAY",
-        help="evaluate and save an exponential moving average of the weights, updated after every step with this "
-        "decay (e.g. 0.999: about the last 1,000 steps), warmed up as min(DECAY, (1 + n) / (10 + n)) over the "
-        "first n updates; the trained weights are kept beside it to resume from, "
-        "and it may be switched on when resuming a run (it then starts from the resumed weights) "
-        "(default: 0, off)",
+        help="evaluate, select and save an exponential moving average of the weights, updated after every step; "
+        "at update n its decay is min(DECAY, (1 + n) / (10 + n)), which reaches 0.999 after about 9,000 updates "
+        "and then averages over about the last 1,000 steps; the trained weights are kept beside it to resume "
+        "from. Switched on when resuming, it starts from the resumed weights; 0 switches it off "
+        "(default: the resumed checkpoint's setting with --resume, else 0)",
     )
     p.add_argument("--train-subset", type=int, default=None, help="train on the first N images only (default: all)")
     p.add_argument(
@@ -355,7 +356,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--epoch-images must be at least 1, got {args.epoch_images}")
     if args.max_minutes is not None and not args.max_minutes > 0:
         parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
-    if not 0 <= args.ema < 1:
+    if args.ema is not None and not 0 <= args.ema < 1:
         parser.error(f"--ema must be at least 0 and below 1, got {args.ema}")
     if not args.checkpoint_minutes >= 0:
         parser.error(f"--checkpoint-minutes must be 0 or more, got {args.checkpoint_minutes}")
@@ -386,13 +387,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(
         arch=args.arch, preset=args.preset, routing=args.routing, routing_iterations=args.routing_iterations,
         epochs=args.epochs, batch_size=args.batch_size, lr=learning_rate(args), lr_decay=args.lr_decay,
-        max_shift=args.max_shift, canvas=args.canvas, ema=args.ema,
+        max_shift=args.max_shift, canvas=args.canvas, ema=args.ema or 0.0,
         seed=args.seed, device=args.device, amp=args.amp, val_split=args.val_split, train_subset=args.train_subset,
         test_subset=args.test_subset, epoch_images=args.epoch_images, dry_run=args.dry_run,
     )  # fmt: skip
     try:
         deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes
         out = None if args.dry_run else args.out
+        if args.ema is None and args.resume is not None:  # a resumed run keeps its average unless told otherwise
+            cfg = replace(cfg, ema=float(load_checkpoint(args.resume).get("train_config", {}).get("ema", 0.0)))
         trainer = mnist_trainer(cfg, args.data_dir, out, args.resume, init_from=args.init_from)
         history = trainer.fit(deadline, args.checkpoint_minutes or None)
     except (IDXError, FileNotFoundError, ValueError) as e:  # RebuildError (--init-from) is a ValueError

@@ -68,8 +68,11 @@ def test_table_bolds_the_selected_epochs_and_shows_validation_only_when_present(
 
 def test_render_says_from_which_epoch_the_errors_are_the_averages() -> None:
     assert "moving average" not in render([_epoch(1, 0.006), _epoch(2, 0.004)], "m.jsonl")
-    text = render([_epoch(1, 0.006), _epoch(2, 0.004, ema=0.999), _epoch(3, 0.004, ema=0.999)], "m.jsonl")
-    assert "From epoch 2 the errors are those of the weights' exponential moving average (`--ema`, decay 0.999" in text
+    rows = [_epoch(1, 0.006), _epoch(2, 0.004, ema=0.999), _epoch(3, 0.004, ema=0.999), _epoch(4, 0.004)]
+    text = render([*rows, _epoch(5, 0.003, ema=0.99)], "m.jsonl")
+    assert "Epochs 2–3, 5: test and validation errors are those of the weights' exponential moving average" in text
+    assert "(`--ema`, decay 0.99, 0.999 per step)" in text
+    assert "Every epoch's test" in render([_epoch(1, 0.006, ema=0.9)], "m.jsonl")
 
 
 @pytest.mark.parametrize(

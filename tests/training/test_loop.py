@@ -214,16 +214,19 @@ class StepClock:
         return trainer
 
 
-def test_a_task_resumes_exactly_from_inside_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("ema", [0.0, 0.9])
+def test_a_task_resumes_exactly_from_inside_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ema: float) -> None:
     """Calls of 2.5 s (5 steps of 1 s an epoch) stop inside epochs; `batches` advances the task's order RNG,
-    so last.pt keeps the task state from before the epoch's draw and the one where it stopped."""
+    so last.pt keeps the task state from before the epoch's draw and the one where it stopped (and, with a
+    weight average, the average and its update count)."""
     clock = StepClock()
     monkeypatch.setattr(loop, "clock", clock)
-    whole = toy_trainer(tmp_path / "whole", epochs=3)
+    whole = toy_trainer(tmp_path / "whole", epochs=3, ema=ema)
     whole.fit()
     last, stops = tmp_path / "part" / "last.pt", []
     for _ in range(10):
-        trainer = clock.drive(toy_trainer(tmp_path / "part", epochs=3, resume=str(last) if last.exists() else None))
+        resume = str(last) if last.exists() else None
+        trainer = clock.drive(toy_trainer(tmp_path / "part", epochs=3, resume=resume, ema=ema))
         trainer.fit(deadline=clock.now + 2.5)
         state = load_checkpoint(last)
         stops.append((state["epoch"], state["mid_epoch"]["step"] if "mid_epoch" in state else None))
@@ -235,6 +238,15 @@ def test_a_task_resumes_exactly_from_inside_epochs(tmp_path: Path, monkeypatch: 
         {k: v for k, v in row.items() if k not in timing} for row in whole.history
     ]
     assert all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), whole.model.parameters(), strict=True))
+    assert torch.equal(flat(trainer.evaluated_model.state_dict()), flat(whole.evaluated_model.state_dict()))
+
+
+def test_an_average_switched_on_when_resuming_starts_from_the_resumed_weights(tmp_path: Path) -> None:
+    """Even when the next thing the run does is evaluate (a checkpoint saved after an epoch's last step)."""
+    toy_trainer(tmp_path / "run", epochs=1).fit()
+    resumed = toy_trainer(tmp_path / "run", epochs=2, resume=str(tmp_path / "run" / "last.pt"), ema=0.9)
+    assert torch.equal(flat(resumed.evaluated_model.state_dict()), flat(resumed.model.state_dict()))
+    assert int(resumed.ema.n_averaged) == 0  # type: ignore[union-attr]
 
 
 def test_a_mid_epoch_checkpoint_needs_as_many_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

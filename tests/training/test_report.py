@@ -526,6 +526,10 @@ def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: P
     assert f"CapsNet's curve is `{curve}` (48 training images per epoch" in text
     assert "The baseline's test error is on the first 32 test digits (standard error ±" in text
     assert "**What is left.** The baseline trained " in text and "so training it to convergence is left." in text
+    for row in result["history"]:
+        row["test_error"] = 0.0039  # as good as the paper's: nothing is left
+    text = baseline.render_baseline(ctx, common.save_result(ctx, "baseline", result, {}), None)
+    assert "**What is left.**" not in text and "**Partial result.**" not in text
 
 
 @pytest.mark.parametrize(
@@ -704,6 +708,10 @@ def test_multimnist_section_renders_a_partial_run_with_its_composites_per_epoch(
     )
     assert "| CapsNet (this run) | 239,008 | 1 | 24 |" in text and "**Partial result.**" in text
     assert "**What is left.**" not in text  # the run itself is unfinished: the partial note says how to go on
+    result["progress"] |= {"finished": True, "epochs_planned": 1}
+    text = multimnist_section.render_multimnist(ctx, common.save_result(ctx, "multimnist", result, arrays), None)
+    assert "**What is left.** 24 of the paper's 60,000,000 training composites are done (1/2,500,000 of them)" in text
+    assert "**Partial result.**" not in text and "--epochs 2" in text
 
 
 def test_further_note_doubles_the_epochs_and_estimates_the_time() -> None:
@@ -714,6 +722,11 @@ def test_further_note_doubles_the_epochs_and_estimates_the_time() -> None:
     assert "`python -m training.report --runs r --epochs 20`" in compute.further_note(
         "python -m training.report --runs r", prog, ""
     )
+    fresh = compute.further_note("python -m training.report --epochs=10 --max-minutes 30", prog, "")
+    assert "`python -m training.report --epochs 20 --max-minutes 30` trains all 20 epochs from the start" in fresh
+    assert "about 1.7 h more of training" in fresh and "is repeated until it exits 0" in fresh
+    assert compute.closing_note("c", {**prog, "finished": True}, None) == []  # finished, nothing short: no note
+    assert compute.closing_note("c", {**prog, "finished": False}, None)[0].startswith("**Partial result.**")
 
 
 def test_a_result_is_partial_while_any_of_its_models_is_unfinished(tmp_path: Path) -> None:

@@ -237,10 +237,18 @@ def test_cli_dry_run_on_synthetic_data_writes_nothing(
     assert not out.exists()
 
 
-def test_cli_ema_reaches_the_loop(synthetic_mnist: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--data-dir", str(synthetic_mnist), "--preset", "tiny", "--dry-run", "--ema", "0.99"]
-    assert train.main(argv) == 0
+def test_cli_ema_reaches_the_loop_and_a_resumed_run_keeps_it(
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--data-dir", str(synthetic_mnist), "--preset", "tiny", "--batch-size", "16", "--out", str(tmp_path)]
+    assert train.main([*argv, "--epochs", "1", "--ema", "0.99"]) == 0
     assert json.loads(capsys.readouterr().out)["ema"] == 0.99  # the row says its errors are the average's
+    resume = ["--resume", str(tmp_path / "last.pt")]
+    assert train.main([*argv, "--epochs", "2", *resume]) == 0  # no --ema: the checkpoint's setting
+    assert json.loads(capsys.readouterr().out)["ema"] == 0.99
+    assert train.main([*argv, "--epochs", "3", *resume, "--ema", "0"]) == 0  # switched off
+    assert "ema" not in json.loads(capsys.readouterr().out)
+    assert "training_model" not in torch.load(tmp_path / "last.pt", weights_only=False)
 
 
 @pytest.mark.parametrize(

@@ -35,9 +35,8 @@ from training.report.common import (
 )
 from training.report.compute import (
     CHECKPOINT_MINUTES,
+    closing_note,
     compute_sentence,
-    continue_note,
-    further_note,
     model_costs,
     progress,
     progress_line,
@@ -236,19 +235,20 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
         out.append(f"![affine examples]({rel(ctx, path)})")
     out.append("")
     runs = [m["progress"] for m in res["models"].values() if "progress" in m]
-    if any(not p["finished"] for p in runs):
-        out += [continue_note(saved.command), ""]
-    elif matched is not None and len(runs) == len(ARCHS) and matched["target_mnist_accuracy"] < PAPER_MATCH:
+    if (runs and len(runs) == len(ARCHS)) or any(not p["finished"] for p in runs):
         both = {
+            "finished": all(p["finished"] for p in runs),
             "epochs_planned": max(p["epochs_planned"] for p in runs),
             "epochs_done": min(p["epochs_done"] for p in runs),
             "train_hours": sum(p["train_hours"] for p in runs),
         }
-        left = (
-            f"The models are compared at {pct(matched['target_mnist_accuracy'])} MNIST accuracy, below the paper's "
-            f"{pct(PAPER_MATCH)}: training both until each reaches about that accuracy is left."
-        )
-        out += [further_note(saved.command, both, left), ""]
+        left = None
+        if matched is not None and matched["target_mnist_accuracy"] < PAPER_MATCH:
+            left = (
+                f"The models are compared at {pct(matched['target_mnist_accuracy'])} MNIST accuracy, below the "
+                f"paper's {pct(PAPER_MATCH)}: training both until each reaches about that accuracy is left."
+            )
+        out += closing_note(saved.command, both, left)
     return "\n".join(out)
 
 

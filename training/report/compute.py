@@ -133,20 +133,41 @@ def continue_note(command: str) -> str:
 def further_note(command: str, prog: dict[str, Any], left: str) -> str:
     """What a section whose runs did finish, but short of the paper's training, says is left and how to go on.
 
-    The command is the section's own with `--epochs` doubled: the runs under `--runs` continue from their last
-    checkpoints (the learning rate goes on decaying per epoch), and the time it takes is estimated from the
+    The command is the section's own with `--epochs` doubled: with `--runs`, the runs there continue from their
+    last checkpoints (the learning rate goes on decaying per epoch); the time it takes is estimated from the
     epochs done.
     """
     epochs = int(prog["epochs_planned"])
-    longer = re.sub(r"--epochs \d+", f"--epochs {2 * epochs}", command)
-    if longer == command:
+    longer, found = re.subn(r"--epochs[ =]\d+", f"--epochs {2 * epochs}", command)
+    if not found:
         longer = f"{command} --epochs {2 * epochs}"
-    hours = float(prog["train_hours"]) * epochs / max(int(prog["epochs_done"]), 1)
-    return (
-        f"**What is left.** {left} `{longer}` trains {epochs} more epochs from the last checkpoints under "
-        f"`--runs` (about {hours:.1f} h more of training on the same machine) and rewrites the section in the "
-        "report under its `--out`; without those checkpoints it starts again from the first epoch."
+    per_epoch = float(prog["train_hours"]) / max(int(prog["epochs_done"]), 1)
+    if "--runs" in command:
+        what, hours = f"trains {epochs} more epochs from the last checkpoints under `--runs`", per_epoch * epochs
+    else:
+        what, hours = (
+            f"trains all {2 * epochs} epochs from the start, with no checkpoints to continue",
+            per_epoch * 2 * epochs,
+        )
+    chunks = (
+        "; it stops after `--max-minutes` with exit status 3 and is repeated until it exits 0"
+        if "--max-minutes" in command
+        else ""
     )
+    return (
+        f"**What is left.** {left} `{longer}` {what} (about {hours:.1f} h more of training on the same "
+        f"machine{chunks}) and rewrites the section in the report under its `--out`."
+    )
+
+
+def closing_note(command: str, prog: dict[str, Any] | None, short_of_paper: str | None) -> list[str]:
+    """A section's last paragraph about going on: how to continue unfinished runs, or what is left when they
+    finished short of the paper (`short_of_paper` says what), or nothing."""
+    if prog is None:
+        return []
+    if not prog["finished"]:
+        return [continue_note(command), ""]
+    return [further_note(command, prog, short_of_paper), ""] if short_of_paper else []
 
 
 def compute_sentence(train: dict[str, Any], train_images: int, costs: dict[str, int]) -> str:

@@ -29,9 +29,8 @@ from training.report.common import (
 )
 from training.report.compute import (
     CHECKPOINT_MINUTES,
-    continue_note,
+    closing_note,
     count_flops,
-    further_note,
     lr_decay_per_epoch,
     progress,
     progress_line,
@@ -40,7 +39,8 @@ from training.report.compute import (
 
 log = logging.getLogger(__name__)
 
-PAPER_MULTIMNIST = {"CapsNet, 3 iterations, reconstruction": 5.2, "Baseline CNN": 8.1}
+PAPER_CAPSNET = "CapsNet, 3 iterations, reconstruction"
+PAPER_MULTIMNIST = {PAPER_CAPSNET: 5.2, "Baseline CNN": 8.1}
 PAPER_COMPOSITES = 60_000_000  # the paper's training composites (1,000 per training digit)
 
 
@@ -170,15 +170,21 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
             ["input", "digits", "recon (L)", "recon (R)"],
         )
         out += [f"![MultiMNIST reconstructions]({rel(ctx, path)})", ""]
-    if prog and not prog["finished"]:
-        out += [continue_note(saved.command), ""]
-    elif prog and r["history"]:
-        left = (
-            f"{prog['images_done']:,} of the paper's {PAPER_COMPOSITES:,} training composites are done "
-            f"(1/{PAPER_COMPOSITES / prog['images_done']:,.0f} of them), at {pct(r['history'][-1]['test_error'])} "
-            "two-digit error against the paper's 5.2%: training on more composites is left."
+    left: str | None = None
+    paper_error = PAPER_MULTIMNIST[PAPER_CAPSNET] / 100
+    last_error = r["history"][-1]["test_error"] if r["history"] else None
+    if prog and last_error is not None and (prog["images_done"] < PAPER_COMPOSITES or last_error > paper_error):
+        share = (
+            f"1/{PAPER_COMPOSITES / prog['images_done']:,.0f} of them"
+            if prog["images_done"] < PAPER_COMPOSITES
+            else "all"
         )
-        out += [further_note(saved.command, prog, left), ""]
+        left = (
+            f"{prog['images_done']:,} of the paper's {PAPER_COMPOSITES:,} training composites are done ({share}), at "
+            f"{pct(last_error)} two-digit error against the paper's {pct(paper_error, 1)}: training on more "
+            "composites is left."
+        )
+    out += closing_note(saved.command, prog, left)
     return "\n".join(out)
 
 
