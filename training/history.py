@@ -127,18 +127,25 @@ def epoch_ranges(rows: list[dict[str, Any]]) -> str:
     return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs)
 
 
+def averaged_note(history: list[dict[str, Any]]) -> str | None:
+    """Which epochs were evaluated with the weights' moving average (`--ema`), as a sentence; None: none were."""
+    averaged = [h for h in history if h.get("ema")]
+    if not averaged:
+        return None
+    decays = ", ".join(map(str, sorted({h["ema"] for h in averaged})))
+    which = "Every epoch's" if len(averaged) == len(history) else f"Epochs {epoch_ranges(averaged)}:"
+    return (
+        f"{which} test and validation errors are those of the weights' exponential moving average (`--ema`, decay "
+        f"{decays} per step), the weights its checkpoints save and export; the train loss and error are the trained "
+        "weights'."
+    )
+
+
 def render(history: list[dict[str, Any]], source: str) -> str:
     """Table plus the selections, as the README shows them."""
     lines = [f"Per epoch, from `{source}`:", "", render_table(history), ""]
-    if averaged := [h for h in history if h.get("ema")]:
-        decays = ", ".join(map(str, sorted({h["ema"] for h in averaged})))
-        which = "Every epoch's" if len(averaged) == len(history) else f"Epochs {epoch_ranges(averaged)}:"
-        lines += [
-            f"{which} test and validation errors are those of the weights' exponential moving average (`--ema`, "
-            f"decay {decays} per step), the weights its checkpoints save and export; the train loss and error are "
-            "the trained weights'.",
-            "",
-        ]
+    if note := averaged_note(history):
+        lines += [note, ""]
     for s in selections(history):
         lines.append(f"- Selected by {s.rule}: epoch {s.epoch}, test error **{s.test_error:.2%}**.")
     return "\n".join(lines) + "\n"

@@ -598,6 +598,10 @@ def test_mnist_section_shows_how_each_bundled_model_was_trained(tmp_path: Path) 
         "Test error by epoch (%): 6.99, 1.40, 1.06." in text
         and "(%, held-out training images): 7.00, 1.38, 1.40." in text
     )
+    assert "moving average" not in text and summary["averaged"] is None
+    history[1]["ema"] = history[2]["ema"] = 0.999  # the errors of epochs 2-3 are the weight average's
+    averaged = mnist_models.training_summary(card)
+    assert averaged is not None and averaged["averaged"].startswith("Epochs 2–3: test and validation errors are")
     link = Path(text.split("![training curve of capsnet-em-mnist](")[1].split(")")[0])
     assert (ctx.out / link).resolve() == (common.REPO_ROOT / summary["curve"]).resolve()
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from service.runtime.model_dir import read_card
+from training.history import averaged_note
 from training.report.common import (
     REPO_ROOT,
     Context,
@@ -76,6 +77,7 @@ def training_summary(card: dict[str, Any]) -> dict[str, Any] | None:
         "init_from": training.get("init_from"),
         "test_error_by_epoch": [h.get("test_error") for h in history],
         "val_error_by_epoch": [h.get("val_error") for h in history] if any("val_error" in h for h in history) else None,
+        "averaged": averaged_note(history),
         "curve": shown(curve) if curve.is_file() else None,
     }
 
@@ -125,6 +127,8 @@ def render_training(ctx: Context, models: list[dict[str, Any]]) -> list[str]:
                 f"Validation error by epoch (%, held-out training images): {percents(t['val_error_by_epoch'])}.",
                 "",
             ]
+        if t.get("averaged"):
+            out += [t["averaged"], ""]
         if t.get("curve"):
             path = REPO_ROOT / t["curve"]
             link = Path(os.path.relpath(path, ctx.out.resolve())).as_posix()
