@@ -60,6 +60,42 @@ def test_em_benchmark_prints_the_comparison_with_the_dynamic_model(
     serial = max(cmp["onnx_images_per_s_em"].values()) / cmp["onnx_images_per_s_dynamic_batch32"]
     assert cmp["onnx_ratio_serial"] == pytest.approx(serial, abs=1e-3)
     assert cmp["targets"] == {"train_ratio": 0.15, "onnx_ratio": 0.14}
+    assert cmp["onnx_rounds"] == benchmark.ORT_ROUNDS and len(cmp["onnx_ratio_per_round"]) == benchmark.ORT_ROUNDS
+    assert max(cmp["onnx_ratio_per_round"]) > 0
+
+
+def test_em_rates_are_the_best_of_alternated_rounds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rate is its best round; the rounds alternate between the models, and each round's ratio is kept."""
+    monkeypatch.setattr(benchmark, "usable_cpus", lambda: 2)
+    calls: list[tuple[str, int]] = []
+    em_rates = iter([100.0, 300.0, 200.0])  # EM at its one parallel batch, round by round
+    dynamic_rates = iter([1000.0, 1000.0, 2000.0])
+
+    def parallel(self: benchmark.OnnxTimer, batch: int, seconds: float, callers: int) -> float:
+        name = "dynamic" if batch == 32 else "em"
+        calls.append((name, batch))
+        return next(dynamic_rates) if name == "dynamic" else next(em_rates)
+
+    monkeypatch.setattr(benchmark, "PARALLEL_BATCHES", (1,))
+    monkeypatch.setattr(benchmark.OnnxTimer, "serial", lambda self, batch, seconds: 1.0)
+    monkeypatch.setattr(benchmark.OnnxTimer, "parallel", parallel)
+    args = ["--arch", "em", "--preset", "tiny", "--device", "cpu", "--batch-size", "2", "--train-steps", "1"]
+    assert benchmark.main([*args, "--seconds", "0.01", "--rounds", "3"]) == 0
+    cmp = json.loads(capsys.readouterr().out)["em_vs_dynamic"]
+    assert calls == [("em", 1), ("dynamic", 32)] * 3  # alternated, round by round
+    assert cmp["onnx_images_per_s_em_parallel"] == {"1": 300.0}
+    assert cmp["onnx_images_per_s_dynamic_batch32_parallel"] == 2000.0
+    assert cmp["onnx_ratio"] == 0.15  # best of each: 300 / 2000
+    assert cmp["onnx_ratio_per_round"] == [0.1, 0.3, 0.1]
+
+
+def test_rounds_below_1_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        benchmark.main(["--arch", "em", "--rounds", "0"])
+    assert exc.value.code == 2
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_cpu_time_mode_runs_on_one_thread_and_says_so(
@@ -103,7 +139,7 @@ def test_em_comparison_when_parallel_callers_are_faster(
     monkeypatch.setattr(benchmark, "usable_cpus", lambda: 2)
     # far above any real rate, so parallel is the best mode for both models even on a fast, quiet machine
     # (at 1e6 the tiny dynamic model's serial rate sometimes beat its faked 31,250 img/s and the ratio's base moved)
-    monkeypatch.setattr(benchmark, "time_onnx_parallel", lambda cfg, batches, s, c: {b: 1e9 / b for b in batches})
+    monkeypatch.setattr(benchmark.OnnxTimer, "parallel", lambda self, batch, s, c: 1e9 / batch)
     args = ["--arch", "em", "--preset", "tiny", "--device", "cpu", "--batch-size", "2", "--train-steps", "1"]
     assert benchmark.main([*args, "--seconds", "0.02"]) == 0
     cmp = json.loads(capsys.readouterr().out)["em_vs_dynamic"]
