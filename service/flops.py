@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from service.raw_ort import RawRow, random_feed, raw_slice
+from service.runtime.model_dir import ModelCard
+
 logger = logging.getLogger(__name__)
 
 GEMM_SIZE = 2048
@@ -88,6 +91,51 @@ def _matmul_session(size: int, threads: int | None) -> ort.InferenceSession | No
     if threads:
         options.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+GEMM_BACKENDS = {"numpy": "numpy's BLAS", "onnxruntime": "ONNX Runtime (MLAS)"}
+
+
+def gemm_source(gemm: dict[str, Any]) -> str:
+    """Which matmul set the GEMM rate, beside the other backend's rate (older results name numpy alone)."""
+    size = f"{gemm['size']}×{gemm['size']}"
+    backend = gemm.get("backend", "numpy")
+    others = [
+        f"{GEMM_BACKENDS.get(name, name)} {rate:.1f}"
+        for name, rate in gemm.get("gflops_by_backend", {}).items()
+        if name != backend
+    ]
+    text = f"a {size} matmul by {GEMM_BACKENDS.get(backend, backend)}"
+    return text + (f", the faster; {', '.join(others)}" if others else "")
+
+
+def gemm_shares(
+    sessions: dict[str, tuple[ModelCard, ort.InferenceSession]],
+    raw: dict[str, list[RawRow]],
+    rounds: int,
+    window: float,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """This machine's float32 GEMM rate (numpy's and ONNX Runtime's, the faster counts) and each model's fastest raw
+    run at its best batch, alternated `rounds` times; all best-of, the rate each reaches when nothing else gets in
+    the way."""
+    probe = GemmProbe(threads=threads)
+    fastest: dict[str, float] = {}
+    for _ in range(rounds):
+        probe.run(window / 2)
+        for name, (card, session) in sessions.items():
+            best = max(raw[name], key=lambda r: r.throughput).batch
+            latencies = raw_slice(session, random_feed(card, best), window / 2)
+            fastest[name] = max(fastest.get(name, 0.0), best / min(latencies))
+    by_backend = {name: round(probe.gflops(name), 1) for name in probe.runs}
+    print("float32 GEMM: " + ", ".join(f"{name} {rate:.1f} GFLOP/s" for name, rate in by_backend.items()), flush=True)
+    return {
+        "size": probe.size,
+        "gflops": probe.best_gflops,
+        "backend": probe.backend,
+        "gflops_by_backend": by_backend,
+        "fastest_images_per_s": fastest,
+    }
 
 
 FLOPS_NOTE = "counted from ONNX Runtime's profile of one image (convolutions, matrix products, einsums)"

@@ -238,9 +238,3 @@ def test_flops_of_a_model_leave_nothing_out(model_repository: Path) -> None:
     pytest.importorskip("onnx")
     flops, note = onnx_flops_per_image(model_repository / TINY / "capsnet.onnx")
     assert flops is not None and flops > 0 and note == FLOPS_NOTE  # every product's shapes were known
-
-
-def test_the_gemm_rate_names_its_backend() -> None:
-    new = {"size": 2048, "backend": "onnxruntime", "gflops_by_backend": {"numpy": 255.3, "onnxruntime": 465.7}}
-    assert benchmark.gemm_source(new) == ("a 2048×2048 matmul by ONNX Runtime (MLAS), the faster; numpy's BLAS 255.3")
-    assert benchmark.gemm_source({"size": 2048}) == "a 2048×2048 matmul by numpy's BLAS"  # an older result

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from service import flops
-from service.flops import FLOPS_NOTE, GemmProbe, node_flops, onnx_flops_per_image
+from service.flops import FLOPS_NOTE, GemmProbe, gemm_source, node_flops, onnx_flops_per_image
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -91,3 +91,9 @@ def test_without_onnx_the_gemm_probe_is_numpy_alone(monkeypatch: pytest.MonkeyPa
     probe = GemmProbe(size=32)
     probe.run(0.0)
     assert list(probe.runs) == ["numpy"] and probe.backend == "numpy" and probe.best_gflops > 0
+
+
+def test_the_gemm_rate_names_its_backend() -> None:
+    new = {"size": 2048, "backend": "onnxruntime", "gflops_by_backend": {"numpy": 255.3, "onnxruntime": 465.7}}
+    assert gemm_source(new) == ("a 2048×2048 matmul by ONNX Runtime (MLAS), the faster; numpy's BLAS 255.3")
+    assert gemm_source({"size": 2048}) == "a 2048×2048 matmul by numpy's BLAS"  # an older result
