@@ -244,23 +244,25 @@ def em_vs_dynamic(
     dynamic = TrainConfig(arch="dynamic", preset="tiny" if preset == "tiny" else "paper", batch_size=32)
     # ONNX Runtime first: after the EM training steps (GiBs of votes) the process is larger and inference slower
     timers = {"em": OnnxTimer(em, threads, clock), "dynamic": OnnxTimer(dynamic, threads, clock)}
-    batches = {"em": ORT_BATCHES, "dynamic": (32,)}
     callers = usable_cpus()
     modes = ["serial"] + (["parallel"] if threads is None and callers > 1 else [])  # wall clock, several cores
-    per_round: list[dict[str, Rates]] = []
-    for _ in range(max(1, rounds)):
-        per_round.append(
-            {
-                name: {
-                    mode: {
-                        b: timer.serial(b, seconds) if mode == "serial" else timer.parallel(b, seconds, callers)
-                        for b in (batches[name] if mode == "serial" or name == "dynamic" else PARALLEL_BATCHES)
-                    }
-                    for mode in modes
-                }
-                for name, timer in timers.items()
-            }
-        )
+    batches = {  # the dynamic model at its batch 32 only; EM over its sweep
+        ("em", "serial"): ORT_BATCHES,
+        ("em", "parallel"): PARALLEL_BATCHES,
+        ("dynamic", "serial"): (32,),
+        ("dynamic", "parallel"): (32,),
+    }
+
+    def measure(timer: OnnxTimer, mode: str, batch: int) -> float:
+        return timer.serial(batch, seconds) if mode == "serial" else timer.parallel(batch, seconds, callers)
+
+    per_round: list[dict[str, Rates]] = [
+        {
+            name: {mode: {b: measure(timer, mode, b) for b in batches[name, mode]} for mode in modes}
+            for name, timer in timers.items()
+        }
+        for _ in range(max(1, rounds))
+    ]
     best: dict[str, Rates] = {
         name: {mode: {b: max(r[name][mode][b] for r in per_round) for b in per_round[0][name][mode]} for mode in modes}
         for name in timers
