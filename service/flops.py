@@ -7,7 +7,6 @@ graph; the serving install does without, and the benchmark then says so instead 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import tempfile
 import time
@@ -20,8 +19,6 @@ import onnxruntime as ort
 
 from service.raw_ort import RawRow, random_feed, raw_slice
 from service.runtime.model_dir import ModelCard
-
-logger = logging.getLogger(__name__)
 
 GEMM_SIZE = 2048
 # The weight's input position of each convolution operator (float, integer and quantized forms).
