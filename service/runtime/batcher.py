@@ -6,7 +6,9 @@ batches grow by themselves; an idle service runs a lone request at once.
 
 A graph with a single-thread ("narrow") session beside its wide one has a worker per run slot (`RunSlots`): a
 lone batch runs on the wide session with every thread, while under load the workers run batches side by side,
-one thread each. One worker gathers at a time, so the batches still take everything queued.
+one thread each. One worker gathers at a time, so the batches still take everything queued. A request wakes the
+worker that went idle last (or none, when one is on its way back from a run), so a lone caller's runs keep one
+calling thread, and idle workers are woken only for queued requests.
 
 Requests come from any thread: coroutines on any event loop (`submit`, the HTTP routes; a batch's results go
 back to each loop in one `call_soon_threadsafe`), or threads that block (`submit_blocking`, the gRPC handlers).
@@ -160,7 +162,13 @@ class DynamicBatcher:
         self._narrow_fn = narrow if slots.slots > 1 else None
         self._slots = slots
         self._workers = slots.slots if self._narrow_fn is not None else 1
-        self._changed = threading.Condition()  # guards the queue, `_gathering`, `_running` and `_closing`
+        self._lock = threading.Lock()  # guards the queue, `_gathering`, `_running`, `_closing` and `_idle`
+        self._changed = threading.Condition(self._lock)  # a gathering worker waits on it for more requests
+        # The idle workers' wake-ups, the most recently idle last: a request wakes that one, so a lone caller's
+        # runs keep one calling thread. Runs from alternating threads were slower: the scheduler placed the new
+        # caller on the core of ONNX Runtime's pool thread, and each run's first parallel sections shared a core.
+        self._idle: list[threading.Condition] = []
+        self._returning = 0  # workers between the end of a run and their next look at the queue
         self._queue: deque[_Request] = deque()
         self._gathering = False  # a worker is taking and filling a batch
         self._running = 0  # batches being run (by the workers or inline callers)
@@ -224,7 +232,7 @@ class DynamicBatcher:
         """Stop taking requests, finish every queued one, then stop the workers."""
         with self._changed:
             self._closing = True
-            self._changed.notify_all()
+            self._wake_all()
         for thread in self._threads:
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
 
@@ -243,10 +251,10 @@ class DynamicBatcher:
                 )
             self._queue.append(request)
             self._m_depth.set(len(self._queue))
-            if self._gathering:  # the gatherer may be waiting for company: a single notify could wake another
-                self._changed.notify_all()
-            else:
-                self._changed.notify()
+            if self._gathering:  # the gatherer may be waiting for company
+                self._wake_all()
+            elif self._idle and not self._returning:  # a returning worker takes the request itself
+                self._idle.pop().notify()
         return False
 
     def _timeout(self) -> InferenceTimeout:
@@ -271,29 +279,53 @@ class DynamicBatcher:
         finally:
             with self._changed:
                 self._running -= 1
-                self._changed.notify_all()  # requests queued meanwhile are the workers'
+                self._wake_for_queued()  # requests queued meanwhile are the workers'
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
 
     def _work(self) -> None:
-        while (batch := self._next_batch()) is not None:
+        wake, returning = threading.Condition(self._lock), False
+        while (batch := self._next_batch(wake, returning)) is not None:
+            returning = True
+            results: list[tuple[_Request, Outcome]] = []
             try:
                 live = [r for r in batch if not r.waiter.abandoned()]
-                if live:
-                    self._deliver(self._execute(live))
+                results = self._execute(live) if live else []
             finally:
-                with self._changed:
+                with self._changed:  # this worker comes back for what is queued: nobody else need be woken
                     self._running -= 1
-                    self._changed.notify_all()
+                    self._returning += 1
+            self._deliver(results)
 
-    def _next_batch(self) -> list[_Request] | None:
-        """Wait for queued requests and a free slot, take a batch and fill it; None once closed and empty."""
+    def _wake_for_queued(self) -> None:
+        """Wake the waiting workers when requests are queued (holding `_changed`), now that a slot or the gathering
+        is free. With nothing queued there is nothing for them to do: a woken worker would only take a core from
+        ONNX Runtime's threads in the middle of a run's parallel sections (docs/serving-performance.md, session
+        12). A new request's `_enqueue` wakes a worker itself."""
+        if self._queue:
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Wake every idle worker and the gathering one (holding `_changed`)."""
+        while self._idle:
+            self._idle.pop().notify()
+        self._changed.notify_all()
+
+    def _next_batch(self, wake: threading.Condition, returning: bool) -> list[_Request] | None:
+        """Wait (on `wake`, the worker's own) for queued requests and a free slot, take a batch and fill it; None
+        once closed and empty. `returning`: the worker counted in `_returning` after its last run."""
         with self._changed:
+            self._returning -= returning
             while not (self._queue and self._idle_slot()):
                 if self._closing and not self._queue:
                     return None
-                self._changed.wait()
+                self._idle.append(wake)
+                try:
+                    wake.wait()
+                finally:
+                    if wake in self._idle:  # a notify pops it; only an interrupted wait leaves it here
+                        self._idle.remove(wake)
             self._gathering = True
             try:
                 batch = self._take([])
@@ -301,7 +333,7 @@ class DynamicBatcher:
             finally:
                 self._gathering = False
             self._running += 1
-            self._changed.notify_all()  # another worker may gather what arrives during this run
+            self._wake_for_queued()  # another worker may take what the batch left behind
             return batch
 
     def _take(self, batch: list[_Request]) -> list[_Request]:

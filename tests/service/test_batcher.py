@@ -339,3 +339,28 @@ def test_graphs_sharing_one_slot_never_run_at_once() -> None:
 
     asyncio.run(main())
     assert most == 1
+
+
+def test_a_lone_callers_runs_keep_one_worker_thread() -> None:
+    """With a worker per run slot, requests one at a time are all run by the worker that ran the last one (a new
+    calling thread each run cost ONNX Runtime's parallel sections a shared core); under load both workers run."""
+    fake = FakeModel()
+
+    async def main() -> None:
+        policy = BatchingPolicy(1, 0.0, 100, 5.0)
+        batcher = DynamicBatcher("m", "g", fake, policy, RunSlots(2), Metrics(), narrow=fake)
+        batcher.start()
+        try:
+            for i in range(12):
+                await batcher.submit(rows(i))
+            assert len(set(fake.threads)) == 1, fake.threads
+            fake.gate.clear()
+            pending = [asyncio.ensure_future(batcher.submit(rows(i))) for i in range(6)]
+            await asyncio.sleep(0.05)
+            fake.gate.set()
+            await asyncio.gather(*pending)
+            assert len(set(fake.threads[12:])) == 2, fake.threads[12:]
+        finally:
+            await batcher.close()
+
+    asyncio.run(main())

@@ -15,7 +15,7 @@ from PIL import Image
 
 from service.explanation import input_heatmap
 from service.runtime.card import CardError, parse_card
-from service.runtime.ood import OODCalibration, image_features
+from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
 from tests.conftest import synthetic_digits
 from tests.service.conftest import EM_LIKE, TINY
 
@@ -312,3 +312,50 @@ def test_features_of_a_large_batch_are_those_of_each_image(with_reconstruction: 
         assert alone.keys() == batch.keys()
         assert all(batch[k][i] == alone[k][0] for k in alone)  # the same arithmetic, bit for bit
     assert all(len(v) == n for v in batch.values())
+
+
+def calibration_of(features: dict[str, np.ndarray]) -> OODCalibration:
+    """A calibration whose quantiles are those of `features` (as training.ood stores them)."""
+    n = len(next(iter(features.values())))
+    levels = np.linspace(0.0, 1.0, 41)
+    entries = [
+        {"name": name, "tail": FEATURE_TAILS[name], "values": np.quantile(values, levels).tolist()}
+        for name, values in features.items()
+    ]
+    card = {"levels": levels.tolist(), "reference": {"n": n}, "features": entries, "threshold": 3.0}
+    return OODCalibration.from_card(card)
+
+
+@pytest.mark.parametrize("with_reconstruction", [True, False])
+def test_one_image_is_scored_as_in_a_batch_to_the_last_bit(with_reconstruction: bool) -> None:
+    """A single image takes the plain-Python path (numpy's interp transcribed); a batch takes numpy's. The
+    reference quantiles come from the same kind of images, so the features land between, on and beyond them."""
+    rng = np.random.default_rng(5)
+    n = 400
+    images = rng.random((n, 1, 28, 28), dtype=np.float32) * rng.random((n, 1, 1, 1), dtype=np.float32)
+    scores = rng.random((n, 10), dtype=np.float32)
+    reconstruction = rng.random((n, 784), dtype=np.float32) if with_reconstruction else None
+    calibration = calibration_of({k: v[: n // 2] for k, v in image_features(images, scores, reconstruction).items()})
+    batch_score, batch_accepted = calibration.assess(images, scores, reconstruction)
+    assert 0 < batch_accepted.sum() < n  # both verdicts occur
+    for i in range(n):
+        one = slice(i, i + 1)
+        recon = None if reconstruction is None else reconstruction[one]
+        score, accepted = calibration.assess(images[one], scores[one], recon)
+        assert score.shape == accepted.shape == (1,)
+        assert score[0] == batch_score[i] and accepted[0] == batch_accepted[i], i
+    for reference in calibration.features:  # on the knots, just beside them and far outside
+        knots = np.concatenate([reference.values, np.nextafter(reference.values, np.inf), [-1e9, 1e9]])
+        alone = -np.log([reference.tail_probability(float(x)) for x in knots])
+        assert np.array_equal(reference.surprise(knots), alone)
+
+
+def test_a_non_finite_value_is_scored_by_numpy() -> None:
+    rng = np.random.default_rng(6)
+    images = rng.random((30, 1, 28, 28), dtype=np.float32)
+    scores = rng.random((30, 10), dtype=np.float32)
+    calibration = calibration_of(image_features(images, scores, None))
+    scores[0, 3] = np.nan
+    score, accepted = calibration.assess(images[:1], scores[:1], None)
+    expected = calibration.score(image_features(images[:1], scores[:1], None))
+    assert np.isnan(expected[0]) and np.array_equal(score, expected, equal_nan=True) and not accepted[0]
