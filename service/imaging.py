@@ -10,7 +10,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageChops, ImageOps, ImageStat
+from PIL import ExifTags, Image, ImageChops, ImageOps, ImageStat
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,12 @@ WORK_SIDE = 1024  # larger images are box-reduced to about this before normaliza
 MIN_CONTRAST = 0.1  # ink must stand this far above the background (in [0, 1]) or the image is blank
 NOISE_FLOOR = 0.1  # after stretching, anything fainter than this is background
 BBOX_THRESHOLD = 0.25  # pixels brighter than this (relative to the peak) decide the bounding box
+TURNED = range(2, 9)  # the EXIF orientations that `ImageOps.exif_transpose` turns (1 is upright)
+# Each 8-bit level as float32 in [0, 1] (`level / 255` in float32), and pixel indices for centres of mass: looked up
+# and sliced rather than computed per image (each numpy call a lone request makes runs from cold caches).
+UNIT_LEVELS = np.arange(256, dtype=np.float32) / np.float32(255.0)
+INDICES = np.arange(2 * WORK_SIDE + 1)
+UNIT_LEVELS.flags.writeable = INDICES.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -164,12 +170,15 @@ def _pillow_bomb_message(error: Image.DecompressionBombError, limits: ImageLimit
 
 
 def _upright(img: Image.Image) -> Image.Image:
-    """A copy turned as its EXIF Orientation tag says; a broken EXIF block is ignored rather than fatal."""
+    """The image turned as its EXIF Orientation tag says (the image itself when upright: nothing here changes it in
+    place, so no copy); a broken EXIF block is ignored rather than fatal."""
     try:
+        if img.getexif().get(ExifTags.Base.Orientation, 1) not in TURNED:
+            return img
         return ImageOps.exif_transpose(img)
     except Exception as e:
         logger.warning("ignoring unreadable EXIF orientation: %s", e)
-        return img.copy()
+        return img
 
 
 def _to_grayscale(img: Image.Image) -> Image.Image:
@@ -251,7 +260,7 @@ def _unit_pixels(gray: Image.Image) -> np.ndarray:
     """An "L" image as float32 (H, W) in [0, 1] (``np.asarray(gray, np.float32) / 255``, without Pillow's array
     interface on the way)."""
     width, height = gray.size
-    return np.frombuffer(gray.tobytes(), dtype=np.uint8).reshape(height, width).astype(np.float32) / 255.0
+    return UNIT_LEVELS[np.frombuffer(gray.tobytes(), dtype=np.uint8).reshape(height, width)]
 
 
 @dataclass(frozen=True)
@@ -342,13 +351,18 @@ def _resize(img: Image.Image, size: tuple[int, int]) -> Image.Image:
 def _centre_of_mass_placed(digit: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     height, width = digit.shape
     total = digit.sum()
-    com_row = digit.sum(axis=1) @ np.arange(height) / total
-    com_col = digit.sum(axis=0) @ np.arange(width) / total
+    com_row = digit.sum(axis=1) @ index_range(height) / total
+    com_col = digit.sum(axis=0) @ index_range(width) / total
     top = min(max(round(size[0] / 2 - com_row), 0), size[0] - height)
     left = min(max(round(size[1] / 2 - com_col), 0), size[1] - width)
     canvas = np.zeros(size, dtype=np.float32)
     canvas[top : top + height, left : left + width] = digit
     return canvas
+
+
+def index_range(n: int) -> np.ndarray:
+    """``np.arange(n)``: a slice of INDICES when it is long enough."""
+    return INDICES[:n] if n <= len(INDICES) else np.arange(n)
 
 
 def array_to_png(array: np.ndarray) -> bytes:

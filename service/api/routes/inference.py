@@ -134,7 +134,7 @@ def rounded(a: np.ndarray) -> Any:
 def probabilities(scores: np.ndarray) -> np.ndarray:
     """scores / sum(scores) per row (uniform where every score is 0): a distribution derived from the scores."""
     total = scores.sum(axis=-1, keepdims=True)
-    uniform = np.full_like(scores, 1.0 / scores.shape[-1])
+    uniform = scores.dtype.type(1.0 / scores.shape[-1])  # a scalar of the scores' type: broadcast, not filled
     return np.where(total > 0, scores / np.where(total > 0, total, 1.0), uniform)
 
 
