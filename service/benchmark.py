@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -51,6 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONCURRENCY = (1, 32)
 KIND_NAMES = {"v1-png": "v1 PNG", "grpc": "gRPC"}  # the kinds the targets are about
+QUANTIZED_GAIN = 1.25  # an int8 model served at the top concurrency, over its float32 parent served alike
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -347,11 +348,14 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     models = list(result["raw"])
     for driver in dict.fromkeys(h.driver for h in http):
         served = {h.model: h.throughput for h in http if (h.kind, h.driver, h.concurrency) == ("v1-png", driver, top)}
-        for other in models[1:]:
-            if models[0] in served and other in served:
+        for other in models[1:] + models[:1]:
+            parent = parent_of(result, other)
+            base, against = (parent, f"its parent {parent}") if parent in served else (models[0], models[0])
+            if other != base and base in served and other in served:
+                goal = f" (target >= {QUANTIZED_GAIN})" if parent == base else ""
                 lines.append(
                     f"served v1 PNG at concurrency {top} via {driver}: {other} {served[other]:.1f} req/s = "
-                    f"{ratio(served[other], served[models[0]])} × {models[0]} ({served[models[0]]:.1f} req/s)"
+                    f"{ratio(served[other], served[base])} × {against} ({served[base]:.1f} req/s){goal}"
                 )
     gemm = result["gemm"]
     for name, flops in result["flops_per_image"].items():
@@ -367,6 +371,15 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     if result.get("server_peak_rss_mib") is not None:
         lines.append(f"service peak resident memory under this load: {result['server_peak_rss_mib']:.0f} MiB (VmHWM)")
     return lines
+
+
+def parent_of(result: dict[str, Any], model: str) -> str | None:
+    """The model `model` was derived from (an int8 model's float32 parent, from its card), or None. Runs saved before
+    the benchmark recorded the cards' parents name an int8 model after its parent, with "-int8" after it."""
+    if "parents" in result:
+        return cast(str | None, result["parents"].get(model))
+    base = model.removesuffix("-int8")
+    return base if base != model else None
 
 
 def cpu_bound_lines(h: HttpRow, cpus: int, target: float) -> list[str]:
@@ -506,6 +519,7 @@ def main(argv: list[str] | None = None) -> None:
             "parallel_runs": args.parallel_runs,
         },
         "raw": {},
+        "parents": {},  # the model each was derived from (an int8 model's float32 parent), from its card
         "raw_parallel": {},
         "flops_per_image": {},
         "flops_notes": {},
@@ -520,6 +534,7 @@ def main(argv: list[str] | None = None) -> None:
         session = create_session(entry.path / GRAPH_FILE, args.provider, args.threads)
         sessions[entry.card.name] = (entry.card, session)
         result["raw"][entry.card.name] = raw_sweep(session, entry.card, batches, args.duration / args.rounds)
+        result["parents"][entry.card.name] = (entry.card.model_extra or {}).get("parent", {}).get("name")
         if args.parallel_runs > 1 and session.get_providers()[0] == "CPUExecutionProvider":
             narrow = create_session(entry.path / GRAPH_FILE, "cpu", 1)
             rows = parallel_sweep(narrow, entry.card, batches, args.duration / args.rounds, args.parallel_runs)

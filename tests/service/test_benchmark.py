@@ -238,3 +238,33 @@ def test_flops_of_a_model_leave_nothing_out(model_repository: Path) -> None:
     pytest.importorskip("onnx")
     flops, note = onnx_flops_per_image(model_repository / TINY / "capsnet.onnx")
     assert flops is not None and flops > 0 and note == FLOPS_NOTE  # every product's shapes were known
+
+
+def test_an_int8_model_is_compared_with_its_parent() -> None:
+    """The int8 target compares a quantized model with the float32 model it came from (its card's parent), not with
+    whichever model the run listed first; runs saved before parents were recorded fall back to the "-int8" name."""
+
+    def served(model: str, throughput: float) -> benchmark.HttpRow:
+        return benchmark.HttpRow(
+            model=model, kind="v1-png", driver="wrk", concurrency=32, requests=100, errors=0, throughput=throughput,
+            p50_ms=40.0, p99_ms=60.0, server_cpu_ms=3.0, raw_throughput=700.0, raw_cpu_ms=2.4,
+            raw_batch1_p50_ms=None, raw_parallel_throughput=None, loop_cpu_ms=0.5, driver_cpu_ms=0.03,
+        )  # fmt: skip
+
+    rows = [served("a-em", 600.0), served("a-mnist", 650.0), served("q8", 1100.0)]
+    result = {"http": rows, "raw": {"a-em": [], "a-mnist": [], "q8": []}, "gemm": {}, "flops_per_image": {}}
+    result |= {"machine": {"cpus_usable": 2}, "parents": {"a-em": None, "a-mnist": None, "q8": "a-mnist"}}
+    lines = [line for line in benchmark.summary_lines(result) if line.startswith("served v1 PNG")]
+    assert lines == [
+        "served v1 PNG at concurrency 32 via wrk: a-mnist 650.0 req/s = 1.08 × a-em (600.0 req/s)",
+        "served v1 PNG at concurrency 32 via wrk: q8 1100.0 req/s = 1.69 × its parent a-mnist (650.0 req/s) "
+        "(target >= 1.25)",
+    ]
+    del result["parents"]
+    rows.append(served("a-mnist-int8", 900.0))
+    result["raw"]["a-mnist-int8"] = []
+    lines = [line for line in benchmark.summary_lines(result) if line.startswith("served v1 PNG") and "int8" in line]
+    assert lines == [
+        "served v1 PNG at concurrency 32 via wrk: a-mnist-int8 900.0 req/s = 1.38 × its parent a-mnist (650.0 req/s) "
+        "(target >= 1.25)"
+    ]
