@@ -10,15 +10,16 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import ExifTags, Image, ImageChops, ImageOps, ImageStat
+from PIL import ExifTags, Image, ImageChops, ImageOps, ImageStat, PngImagePlugin
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
 _EXPECTED = "PNG, JPEG, GIF, BMP or WebP expected"
 # Leading bytes of each supported format: data that starts like one but that Pillow cannot open is corrupt.
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _SIGNATURES = {
-    b"\x89PNG\r\n\x1a\n": "PNG",
+    PNG_SIGNATURE: "PNG",
     b"\xff\xd8\xff": "JPEG",
     b"GIF87a": "GIF",
     b"GIF89a": "GIF",
@@ -105,7 +106,7 @@ def open_image(data: bytes, limits: ImageLimits) -> Image.Image:
         raise ImageDecodeError(
             413, f"image is {len(data)} bytes, more than the limit of {limits.max_bytes}", "max_bytes"
         )
-    img = _open_header(data, SUPPORTED_FORMATS, limits)
+    img = _open_png(data) or _open_header(data, SUPPORTED_FORMATS, limits)
     if img is None:
         raise _unreadable(data, limits)
     width, height = img.size
@@ -125,6 +126,20 @@ def load_image(img: Image.Image) -> Image.Image:
     except Exception as e:  # any decoder failure on untrusted bytes is the client's problem, not a 500
         raise ImageDecodeError(400, f"image is truncated or corrupt: {e}") from e
     return _to_grayscale(_upright(img))
+
+
+def _open_png(data: bytes) -> Image.Image | None:
+    """A PNG opened by Pillow's PNG plugin itself, as ``Image.open`` opens it but without its format probing, warning
+    filters and size check (a lone request pays each from cold caches); None for anything else: not a PNG, a header
+    the plugin refuses, or a size in Pillow's own warning zone. ``Image.open`` then opens it, with all its checks."""
+    if not data.startswith(PNG_SIGNATURE):
+        return None
+    try:
+        img = PngImagePlugin.PngImageFile(io.BytesIO(data))
+    except Exception:  # the full path gives the error its message
+        return None
+    width, height = img.size
+    return img if Image.MAX_IMAGE_PIXELS is None or width * height <= Image.MAX_IMAGE_PIXELS else None
 
 
 def _open_header(data: bytes, formats: tuple[str, ...] | None, limits: ImageLimits) -> Image.Image | None:

@@ -610,3 +610,43 @@ def test_a_digit_that_already_fits_its_box_is_not_resampled() -> None:
     pillow = np.frombuffer(image.resize((13, 20), Image.Resampling.LANCZOS).tobytes(), np.float32).reshape(20, 13)
     assert _fit_box(crop, (20, 20)) is crop and np.array_equal(crop, pillow)
     assert _fit_box(crop, (10, 10)).shape == (10, 6)  # one that does not fit is still scaled
+
+
+def png_variants() -> list[bytes]:
+    """PNGs of every kind the plugin reads (modes, palettes with transparency, interlacing, 16 bits, EXIF
+    orientation, text chunks), and truncated or damaged ones."""
+    rng = np.random.default_rng(4)
+    gray = rng.integers(0, 256, (9, 13), dtype=np.uint8)
+    images = [Image.fromarray(gray), Image.fromarray(gray).convert("1"), Image.fromarray(gray).convert("P")]
+    images += [Image.fromarray(np.dstack([gray, gray[::-1], gray, gray]), "RGBA")]
+    images += [Image.fromarray(np.dstack([gray] * 3), "RGB"), Image.fromarray(gray.astype(np.uint16) * 257)]
+    images += [Image.fromarray(np.dstack([gray, gray[::-1]]), "LA")]
+    datas = [encode(im, "PNG") for im in images]
+    palette = Image.fromarray(gray).convert("P")
+    palette.info["transparency"] = 3
+    datas.append(encode(palette, "PNG"))
+    buffer = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(gray).save(buffer, "PNG", exif=exif, interlace=1)
+    datas.append(buffer.getvalue())
+    damaged = [d[:n] for d in datas[:2] for n in (8, 16, 33, 40, len(d) - 12, len(d) - 1)]
+    damaged += [datas[0][:20] + b"\x00" * 8 + datas[0][28:], datas[0][:12] + b"IHDX" + datas[0][16:]]
+    return datas + damaged
+
+
+def test_a_png_opened_directly_is_the_png_image_open_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PNGs skip Image.open's probing (imaging._open_png); the images and every error stay those of Image.open."""
+
+    def outcome(data: bytes) -> tuple[object, ...]:
+        try:
+            img = decode_image(data, ImageLimits())
+        except ImageDecodeError as e:
+            return ("error", e.status, str(e))
+        return ("image", img.mode, img.size, img.tobytes())
+
+    variants = png_variants()
+    direct = [outcome(d) for d in variants]
+    monkeypatch.setattr(imaging, "_open_png", lambda data: None)
+    assert direct == [outcome(d) for d in variants]
+    assert sum(o[0] == "image" for o in direct) >= 9 and sum(o[0] == "error" for o in direct) >= 8

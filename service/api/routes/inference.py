@@ -198,10 +198,12 @@ def predictions(
     """Each image's prediction from the batch's scores (N, K): numpy once per batch rather than once per image, and
     plain Python on the rows' lists after that (at concurrency 1 every numpy call runs from caches the model's run
     has evicted). The values are those of the per-image arithmetic, bit for bit."""
-    probs = probabilities(scores)
+    k = scores.shape[1]
+    both = np.concatenate([scores, probabilities(scores)], axis=1)  # (N, 2K): each row's scores, then probabilities
     order = np.argsort(-scores, axis=1, kind="stable")[:, :top_k].tolist()
-    raw_scores, raw_probs = scores.tolist(), probs.tolist()
-    rounded_scores, rounded_probs = rounded(scores), rounded(probs)
+    raw, rounded_rows = both.tolist(), rounded(both)
+    raw_scores, raw_probs = [r[:k] for r in raw], [r[k:] for r in raw]
+    rounded_scores, rounded_probs = [r[:k] for r in rounded_rows], [r[k:] for r in rounded_rows]
     ood_rows = (ood[0].tolist(), ood[1].tolist()) if ood is not None else None
     results = []
     for i, meta in enumerate(info):
