@@ -286,17 +286,25 @@ class DynamicBatcher:
 
     def _work(self) -> None:
         wake, returning = threading.Condition(self._lock), False
-        while (batch := self._next_batch(wake, returning)) is not None:
-            returning = True
-            results: list[tuple[_Request, Outcome]] = []
-            try:
-                live = [r for r in batch if not r.waiter.abandoned()]
-                results = self._execute(live) if live else []
-            finally:
-                with self._changed:  # this worker comes back for what is queued: nobody else need be woken
-                    self._running -= 1
-                    self._returning += 1
-            self._deliver(results)
+        try:
+            while (batch := self._next_batch(wake, returning)) is not None:
+                returning = False  # `_next_batch` has counted this worker back
+                results: list[tuple[_Request, Outcome]] = []
+                try:
+                    live = [r for r in batch if not r.waiter.abandoned()]
+                    results = self._execute(live) if live else []
+                finally:
+                    with self._changed:  # this worker comes back for what is queued: nobody else need be woken
+                        self._running -= 1
+                        self._returning += 1
+                        returning = True
+                self._deliver(results)
+            returning = False
+        finally:
+            if returning:  # a worker that stops on its way back must not keep the others from being woken
+                with self._changed:
+                    self._returning -= 1
+                    self._wake_for_queued()
 
     def _wake_for_queued(self) -> None:
         """Wake the waiting workers when requests are queued (holding `_changed`), now that a slot or the gathering

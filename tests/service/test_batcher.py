@@ -364,3 +364,33 @@ def test_a_lone_callers_runs_keep_one_worker_thread() -> None:
             await batcher.close()
 
     asyncio.run(main())
+
+
+def test_a_worker_that_dies_on_its_way_back_does_not_strand_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker counts itself on its way back from a run (so no other is woken for the next request); should it die
+    there (a bug in delivering), the other worker is woken for what is queued instead."""
+    fake = FakeModel()
+    deliver, died = DynamicBatcher._deliver, threading.Event()
+
+    def deliver_once_then_die(results: Any) -> None:
+        deliver(results)
+        if not died.is_set():
+            died.set()
+            raise RuntimeError("a bug while delivering")
+
+    monkeypatch.setattr(DynamicBatcher, "_deliver", staticmethod(deliver_once_then_die))
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the dying worker's traceback
+
+    async def main() -> None:
+        batcher = DynamicBatcher("m", "g", fake, BatchingPolicy(1, 0.0, 100, 2.0), RunSlots(2), Metrics(), narrow=fake)
+        batcher.start()
+        try:
+            await batcher.submit(rows(1))
+            assert died.wait(2)
+            await asyncio.sleep(0.05)
+            results = [await batcher.submit(rows(i)) for i in range(3)]
+            assert [float(r["y"][0]) for r in results] == [0.0, 2.0, 4.0]
+        finally:
+            await batcher.close()
+
+    asyncio.run(main())
