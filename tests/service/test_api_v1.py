@@ -378,3 +378,25 @@ def test_openapi_response_examples_match_the_responses(client: TestClient) -> No
 def test_index_page(client: TestClient) -> None:
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+
+
+def test_a_batch_s_predictions_are_each_image_s_alone(model_repository: Path) -> None:
+    """Predictions are built once per batch (one numpy call each for all images); every image's values are what it
+    gets alone, bit for bit, a row of zero scores included (uniform probabilities)."""
+    from service.api.routes.inference import predictions
+    from service.api.schemas import InputInfo
+    from service.runtime.model_dir import load_model_dir
+
+    card = load_model_dir(model_repository / TINY).card
+    rng = np.random.default_rng(8)
+    scores = rng.random((7, len(card.classes)), dtype=np.float32)
+    scores[2] = 0.0
+    scores[4, 3] = scores[4, 5] = 2.0  # a tie at the top: the lower class ranks first
+    info = [InputInfo(source="file", filename=f"{i}.png", inverted=False, normalized=True) for i in range(7)]
+    ood = (rng.random(7), rng.random(7) > 0.5)
+    batch = predictions(card, scores, info, 4, ood)
+    for i, got in enumerate(batch):
+        (alone,) = predictions(card, scores[i : i + 1], info[i : i + 1], 4, (ood[0][i : i + 1], ood[1][i : i + 1]))
+        assert got.model_dump() == {**alone.model_dump(), "index": i}
+    assert batch[2].probabilities == [round(1 / len(card.classes), 6)] * len(card.classes)
+    assert [t.class_ for t in batch[4].top_k[:2]] == [3, 5]
