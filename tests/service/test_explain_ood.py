@@ -15,7 +15,7 @@ from PIL import Image
 
 from service.explanation import input_heatmap
 from service.runtime.card import CardError, parse_card
-from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
+from service.runtime.ood import OODCalibration, image_features
 from tests.conftest import synthetic_digits
 from tests.service.conftest import EM_LIKE, TINY
 
@@ -315,15 +315,10 @@ def test_features_of_a_large_batch_are_those_of_each_image(with_reconstruction: 
 
 
 def calibration_of(features: dict[str, np.ndarray]) -> OODCalibration:
-    """A calibration whose quantiles are those of `features` (as training.ood stores them)."""
-    n = len(next(iter(features.values())))
-    levels = np.linspace(0.0, 1.0, 41)
-    entries = [
-        {"name": name, "tail": FEATURE_TAILS[name], "values": np.quantile(values, levels).tolist()}
-        for name, values in features.items()
-    ]
-    card = {"levels": levels.tolist(), "reference": {"n": n}, "features": entries, "threshold": 3.0}
-    return OODCalibration.from_card(card)
+    """The calibration `training.ood` writes for reference images with these features."""
+    from training.ood import calibrate
+
+    return OODCalibration.from_card(calibrate(features, 95.0, "test", 0.99))
 
 
 @pytest.mark.parametrize("with_reconstruction", [True, False])
