@@ -244,12 +244,8 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(settings: Settings, app: FastAPI) -> None:
-    """Run `app` until SIGTERM or Ctrl-C; exit 1 if it could not start."""
-    sock = listening_socket(settings.host, settings.port)
-    # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found; this one makes a
-    # graceful shutdown exit with status 0 instead of dying by the signal.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+def http_server(settings: Settings, app: FastAPI) -> DrainingServer:
+    """The uvicorn server for `app`, its request tasks made known to the fast path."""
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -260,6 +256,19 @@ def serve(settings: Settings, app: FastAPI) -> None:
         timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
     )
     server = DrainingServer(config, settings.shutdown_read_grace_s)
+    # uvicorn's request tasks, one per HTTP request read on any connection until it is answered: the fast path
+    # runs a request on the event loop when it is the only one (service.api.fastpath, `FastPath.alone`)
+    app.state.http_tasks = server.server_state.tasks
+    return server
+
+
+def serve(settings: Settings, app: FastAPI) -> None:
+    """Run `app` until SIGTERM or Ctrl-C; exit 1 if it could not start."""
+    sock = listening_socket(settings.host, settings.port)
+    # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found; this one makes a
+    # graceful shutdown exit with status 0 instead of dying by the signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    server = http_server(settings, app)
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(1)

@@ -140,7 +140,7 @@ class FastPath:
         scope["route"] = self.templates[operation, name is not None]
         scope["path_params"] = {} if name is None else {"name": name}
         try:
-            outputs = await model.infer(batch.array)
+            outputs = await model.infer(batch.array, alone=self.alone())
         except ServiceError as e:
             await service_error_response(scope["method"], scope["path"], e)(scope, receive, send)
             return
@@ -170,6 +170,13 @@ class FastPath:
         if media_of(content_type) not in IMAGE_MEDIA:  # the route answers 415 without reading the body
             return None
         return model, card, content_type
+
+    def alone(self) -> bool:
+        """uvicorn has read no HTTP request but this one, on any connection: its set of request tasks (one per
+        request read, until answered; `state.http_tasks`, set by `service.main.serve`) holds only this one. Unknown
+        (another server) counts as not alone."""
+        tasks: set[object] | None = getattr(self.state, "http_tasks", None)
+        return tasks is not None and len(tasks) <= 1
 
     def authorized(self, authorization: bytes | None) -> bool:
         tokens: TokenStore | None = self.state.tokens

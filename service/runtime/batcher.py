@@ -13,8 +13,9 @@ calling thread, and idle workers are woken only for queued requests.
 Requests come from any thread: coroutines on any event loop (`submit`, the HTTP routes; a batch's results go
 back to each loop in one `call_soon_threadsafe`), or threads that block (`submit_blocking`, the gRPC handlers).
 A blocking caller that finds the graph idle, nothing queued and no queue delay to wait for, runs its request
-itself rather than handing it to the worker and waiting to be woken. The event loop never waits for a run and
-never schedules one: it only queues requests and takes results.
+itself rather than handing it to the worker and waiting to be woken. An event loop runs a request itself only
+when it is the service's only request (`submit(..., alone=True)`, one image, the graph and every run slot idle):
+under load the loop never waits for a run, it only queues requests and takes results.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ T = TypeVar("T")
 RunFn = Callable[[Tensors], Tensors]
 Outcome = Tensors | BaseException  # a caller's rows of the outputs, or why its batch failed
 CancelHook = Callable[[Callable[[], None]], object]  # registers what to call if the caller's call ends early
+# The most rows a lone request may have to run on its event loop (`submit`'s `alone`): one image, a couple of
+# milliseconds of blocked loop on a CPU, while nothing else is in flight to be kept waiting.
+LOOP_RUN_ROWS = 1
 
 
 class BatchResult:
@@ -197,10 +201,20 @@ class DynamicBatcher:
     def depth(self) -> int:
         return len(self._queue)
 
-    async def submit(self, inputs: Tensors) -> Tensors:
-        """Queue one request (every input has the same leading batch dimension) and await its outputs."""
+    async def submit(self, inputs: Tensors, alone: bool = False) -> Tensors:
+        """Queue one request (every input has the same leading batch dimension) and await its outputs.
+
+        `alone`: the caller knows of no other request in the service (service.api.fastpath: uvicorn has read no
+        other HTTP request). A request of at most LOOP_RUN_ROWS rows then runs here, on the event loop, when no gRPC
+        call is in progress, nothing is queued or running for this graph and every run slot is free: at concurrency
+        1 the hand-off to a worker thread and back cost about 0.07 ms of each request's latency
+        (docs/serving-performance.md, session 13). The loop is blocked for that one run; anything that arrives
+        meanwhile is read right after it and, the service no longer idle, queued as usual.
+        """
         waiter = LoopWaiter()
-        self._enqueue(_Request(inputs, _rows(inputs), waiter), inline=False)
+        request = _Request(inputs, _rows(inputs), waiter)
+        if self._enqueue(request, inline=alone and request.rows <= LOOP_RUN_ROWS and self._slots.quiet(), loop=True):
+            return self._run_inline(request)
         expiry = waiter.loop.call_later(self.policy.timeout_s, self._expire, waiter.future)
         try:
             return await waiter.future
@@ -215,7 +229,7 @@ class DynamicBatcher:
         """
         waiter = ThreadWaiter()
         request = _Request(inputs, _rows(inputs), waiter)
-        if self._enqueue(request, inline=True):
+        if self._enqueue(request, inline=True, loop=False):
             return self._run_inline(request)
         if on_cancel is not None:
             on_cancel(waiter.abandon)
@@ -236,12 +250,14 @@ class DynamicBatcher:
         for thread in self._threads:
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
 
-    def _enqueue(self, request: _Request, inline: bool) -> bool:
-        """Queue `request`; True instead when `inline` and the graph is idle: the caller runs it itself."""
+    def _enqueue(self, request: _Request, inline: bool, loop: bool) -> bool:
+        """Queue `request`; True instead when `inline` and the graph is idle: the caller runs it itself. An event
+        `loop` runs it only when no batch of the graph is running either (a thread may run beside a worker's)."""
         with self._changed:
             if self._closing:
                 raise ShuttingDown("the service is shutting down")
-            if inline and self._idle_slot() and not self._queue and not self.policy.max_queue_delay_s:
+            idle = self._idle_slot() and not (loop and self._running)
+            if inline and idle and not self._queue and not self.policy.max_queue_delay_s:
                 self._running += 1
                 return True
             if len(self._queue) >= self.policy.max_queue_size:

@@ -181,10 +181,11 @@ class ServedModel:
             raise ModelNotReady(f"model {self.name!r} is not available: {self.error}", retry_after_s=30)
         return self.card
 
-    async def infer(self, images: np.ndarray) -> Tensors:
-        """Images (N, *image_shape) float32 -> every output on the card, keyed by name, batch-major."""
+    async def infer(self, images: np.ndarray, alone: bool = False) -> Tensors:
+        """Images (N, *image_shape) float32 -> every output on the card, keyed by name, batch-major. `alone`: the
+        caller knows of no other request in the service (see `DynamicBatcher.submit`)."""
         card = self.require_ready()
-        return await self._batchers["capsnet"].submit({card.input.name: images})
+        return await self._batchers["capsnet"].submit({card.input.name: images}, alone)
 
     def infer_blocking(self, images: np.ndarray, on_cancel: CancelHook | None = None) -> Tensors:
         """`infer` for a caller on its own thread (a gRPC handler), which it blocks; see `submit_blocking`."""

@@ -67,6 +67,11 @@ class RunSlots:
     def free(self) -> int:
         return self._free
 
+    def quiet(self) -> bool:
+        """No run holds or awaits a slot and no request is in progress beyond the asker's own (a hint, read
+        unlocked): an event loop may run a lone request itself without waiting for a slot."""
+        return self._free == self.slots and not self._waiting and self.activity.count <= 1
+
     @contextmanager
     def run(self, can_narrow: bool, more_work: Callable[[], bool] = _never) -> Iterator[bool]:
         """Hold slots for one run; yields True for a wide run (every slot: use the wide session), else False.

@@ -394,3 +394,69 @@ def test_a_worker_that_dies_on_its_way_back_does_not_strand_requests(monkeypatch
             await batcher.close()
 
     asyncio.run(main())
+
+
+def test_a_lone_request_runs_on_its_event_loop_only_when_nothing_else_is_in_flight() -> None:
+    """`alone`: one image, with the graph and every slot idle and no other request in progress, runs on the event
+    loop itself (no hand-off to a worker); otherwise (not alone, two images, another request in progress, or a run
+    holding a slot) it goes to a worker as always."""
+    fake = FakeModel()
+
+    async def main() -> None:
+        slots = RunSlots(2)
+        batcher = DynamicBatcher("m", "g", fake, BatchingPolicy(4, 0.0, 100, 5.0), slots, Metrics(), narrow=fake)
+        batcher.start()
+        loop = threading.current_thread().name
+        try:
+            with slots.activity.request():  # the request itself, as ServiceMiddleware counts it
+                assert (await batcher.submit(rows(1), alone=True))["y"].tolist() == [2.0]
+                assert fake.threads == [loop]
+                await batcher.submit(rows(1))  # not alone
+                await batcher.submit(rows(1, 2), alone=True)  # more than one image
+                with slots.activity.request():  # another request in progress (an HTTP route or a gRPC call)
+                    await batcher.submit(rows(1), alone=True)
+                assert loop not in fake.threads[1:], fake.threads
+                with slots.run(True, lambda: True):  # another graph's run holds a slot
+                    await batcher.submit(rows(1), alone=True)
+                assert loop not in fake.threads[1:], fake.threads
+                assert len(fake.threads) == 5
+        finally:
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_lone_request_queues_behind_a_running_batch_rather_than_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread may run beside a worker's batch, but the event loop does not: it would be blocked for the whole
+    run while the batch's callers wait for it to take their results. Here the slots look quiet (as in the moment
+    before a worker takes its slots), and the batch being run still keeps the request off the loop."""
+    fake = FakeModel()
+
+    async def main() -> None:
+        slots = RunSlots(2)
+        batcher = DynamicBatcher("m", "g", fake, BatchingPolicy(4, 0.0, 100, 5.0), slots, Metrics(), narrow=fake)
+        batcher.start()
+        try:
+            fake.gate.clear()
+            first = asyncio.ensure_future(batcher.submit(rows(1)))
+            await asyncio.sleep(0.05)
+            monkeypatch.setattr(slots, "quiet", lambda: True)
+            second = asyncio.ensure_future(batcher.submit(rows(2), alone=True))
+            await asyncio.sleep(0.05)
+            assert not second.done()  # queued, not run on the loop (it would hang on the gate)
+            fake.gate.set()
+            assert (await second)["y"].tolist() == [4.0] and (await first)["y"].tolist() == [2.0]
+            assert threading.current_thread().name not in fake.threads
+        finally:
+            await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_lone_request_on_a_closing_batcher_is_refused() -> None:
+    async def scenario(batcher: DynamicBatcher, fake: FakeModel) -> None:
+        await batcher.close()
+        with pytest.raises(ShuttingDown):
+            await batcher.submit(rows(1), alone=True)
+
+    run(scenario)

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 import service.api.fastpath as fastpath
 from service.api.fastpath import address
-from tests.service.conftest import NO_DECODER, TINY, digit_image, png_bytes
+from service.main import create_app, http_server, listening_socket
+from service.runtime.batcher import DynamicBatcher
+from service.runtime.model import ServedModel
+from tests.service.conftest import NO_DECODER, TINY, digit_image, png_bytes, service_settings
 from tests.service.test_explain_ood import CALIBRATED, calibrated_repository  # noqa: F401 (a fixture)
 
 TOKEN = "fast-path-token"
@@ -185,7 +192,7 @@ def test_inference_errors_are_answered_as_the_error_handlers_would(
     from service.core.errors import Overloaded
     from service.runtime.model import ServedModel
 
-    async def overloaded(self: ServedModel, images: Any) -> Any:
+    async def overloaded(self: ServedModel, images: Any, alone: bool = False) -> Any:
         raise Overloaded("model 'tiny' has 9 requests queued; retry later")
 
     monkeypatch.setattr(ServedModel, "infer", overloaded)
@@ -222,3 +229,75 @@ def test_a_body_that_cannot_carry_images_is_left_to_the_route_unread(
     r = client.post("/v1/classify", content=b"abc", headers={"content-type": "text/plain"})
     assert r.status_code == 415 and "text/plain" in r.json()["error"]
     assert served == []  # the route answered, without the fast path reading the body first
+
+
+@pytest.mark.parametrize(("tasks", "alone"), [(None, False), (1, True), (2, False)])
+def test_a_request_is_alone_when_uvicorn_has_read_no_other(
+    make_client: Callable[..., TestClient],
+    model_repository: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tasks: int | None,
+    alone: bool,
+) -> None:
+    """`alone` goes to the model when uvicorn's request tasks (`state.http_tasks`) hold only this request; without
+    that set (not run by `serve`) no request counts as alone."""
+    told: list[bool] = []
+    original = ServedModel.infer
+
+    async def spy(self: ServedModel, images: Any, alone: bool = False) -> Any:
+        told.append(alone)
+        return await original(self, images, alone)
+
+    monkeypatch.setattr(ServedModel, "infer", spy)
+    client = make_client(model_repository, default_model=TINY)
+    if tasks is not None:
+        client.app.state.http_tasks = {object() for _ in range(tasks)}  # type: ignore[attr-defined]
+    assert client.post("/v1/classify", files=[("files", ("a.png", PNG, "image/png"))]).status_code == 200
+    assert told == [alone]
+
+
+@pytest.mark.slow
+def test_under_uvicorn_a_lone_request_runs_on_the_event_loop_and_a_burst_on_the_workers(
+    model_repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the real server (`http_server`, uvicorn's request tasks wired in): requests one at a time are run
+    by the event loop's own thread; a concurrent burst goes to the batcher's workers and is batched."""
+    runs: list[tuple[str, int]] = []
+    execute = DynamicBatcher._execute
+
+    def spy(self: DynamicBatcher, live: list[Any]) -> Any:
+        runs.append((threading.current_thread().name, len(live)))
+        return execute(self, live)
+
+    monkeypatch.setattr(DynamicBatcher, "_execute", spy)
+    settings = service_settings(model_repository, default_model=TINY, host="127.0.0.1", port=0)
+    app = create_app(settings)
+    server = http_server(settings, app)
+    sock = listening_socket("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn-loop", daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                server.started and client.get("/health/ready").status_code == 200
+            ):
+                time.sleep(0.05)
+            files = [("files", ("a.png", PNG, "image/png"))]
+            for _ in range(3):
+                assert client.post("/v1/classify", files=files).status_code == 200
+            assert runs == [("uvicorn-loop", 1)] * 3
+            runs.clear()
+
+            def call(_: int) -> int:
+                with httpx.Client(base_url=base, timeout=30) as c:
+                    return c.post("/v1/classify", files=files).status_code
+
+            with ThreadPoolExecutor(16) as pool:
+                assert set(pool.map(call, range(64))) == {200}
+        assert any(name.startswith("batcher-") for name, _ in runs), runs
+        assert max(n for _, n in runs) > 1, runs  # batched
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -274,3 +274,15 @@ def test_a_lone_batch_runs_narrow_while_other_requests_are_in_progress(others: i
 
     asyncio.run(main())
     assert fakes.calls == [(lane, 1)]
+
+
+def test_quiet_only_with_every_slot_free_nothing_waiting_and_at_most_the_askers_request() -> None:
+    slots = RunSlots(2)
+    assert slots.quiet()
+    with slots.activity.request():
+        assert slots.quiet()  # the asker's own request
+        with slots.activity.request():
+            assert not slots.quiet()
+    with slots.run(can_narrow=True, more_work=lambda: True):  # one narrow run: one slot held
+        assert not slots.quiet()
+    assert slots.quiet()
