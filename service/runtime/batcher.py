@@ -208,8 +208,9 @@ class DynamicBatcher:
         other HTTP request). A request of at most LOOP_RUN_ROWS rows then runs here, on the event loop, when no gRPC
         call is in progress, nothing is queued or running for this graph and every run slot is free: at concurrency
         1 the hand-off to a worker thread and back cost about 0.07 ms of each request's latency
-        (docs/serving-performance.md, session 13). The loop is blocked for that one run; anything that arrives
-        meanwhile is read right after it and, the service no longer idle, queued as usual.
+        (docs/serving-performance.md, session 13). The loop is blocked for that one run, to which the timeout does
+        not apply (nobody else is waiting); anything that arrives meanwhile is read right after it and, the service
+        no longer idle, queued as usual.
         """
         waiter = LoopWaiter()
         request = _Request(inputs, _rows(inputs), waiter)
