@@ -173,8 +173,8 @@ class FastPath:
 
     def alone(self) -> bool:
         """uvicorn has read no HTTP request but this one, on any connection: its set of request tasks (one per
-        request read, until answered; `state.http_tasks`, set by `service.main.serve`) holds only this one. Unknown
-        (another server) counts as not alone."""
+        request read, until answered; `state.http_tasks`, set by `service.main.http_server`) holds only this one.
+        Unknown (another server) counts as not alone."""
         tasks: set[object] | None = getattr(self.state, "http_tasks", None)
         return tasks is not None and len(tasks) <= 1
 

@@ -261,12 +261,16 @@ def test_under_uvicorn_a_lone_request_runs_on_the_event_loop_and_a_burst_on_the_
     model_repository: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through the real server (`http_server`, uvicorn's request tasks wired in): requests one at a time are run
-    by the event loop's own thread; a concurrent burst goes to the batcher's workers and is batched."""
+    by the event loop's own thread; a concurrent burst goes to the batcher's workers and is batched. (The burst's
+    clients send together and its runs are slowed, so that its requests overlap: the tiny model's runs are faster
+    than clients in this same process send, and one at a time they would rightly each be alone.)"""
     runs: list[tuple[str, int]] = []
-    execute = DynamicBatcher._execute
+    execute, slow = DynamicBatcher._execute, threading.Event()
 
     def spy(self: DynamicBatcher, live: list[Any]) -> Any:
         runs.append((threading.current_thread().name, len(live)))
+        if slow.is_set():
+            time.sleep(0.03)
         return execute(self, live)
 
     monkeypatch.setattr(DynamicBatcher, "_execute", spy)
@@ -290,10 +294,14 @@ def test_under_uvicorn_a_lone_request_runs_on_the_event_loop_and_a_burst_on_the_
             assert runs == [("uvicorn-loop", 1)] * 3
             runs.clear()
 
+            together = threading.Barrier(16, timeout=30)
+
             def call(_: int) -> int:
                 with httpx.Client(base_url=base, timeout=30) as c:
+                    together.wait()
                     return c.post("/v1/classify", files=files).status_code
 
+            slow.set()
             with ThreadPoolExecutor(16) as pool:
                 assert set(pool.map(call, range(64))) == {200}
         assert any(name.startswith("batcher-") for name, _ in runs), runs
