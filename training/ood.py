@@ -1,10 +1,11 @@
-"""Calibrate and evaluate the "not a digit" score of a model directory (docs/model-card.md, `ood`).
+"""Fit, calibrate and evaluate the "not a digit" score of a model directory (docs/not-a-digit.md).
 
-Calibration looks only at MNIST training images (the last `--reference` of them): it stores each
-feature's quantiles on the card and sets the threshold at a percentile of the reference images' scores.
-Evaluation then scores the MNIST test digits and seven generated non-digit sets (`training.nondigits`),
-each passed through the service's own preprocessing as a user's upload would be, and reports per set
-the AUROC against the test digits, plus the accepted share of test digits and the accuracy on them.
+Fitting sees MNIST training images the model trained on and the fitting non-digits (`training.nondigits`):
+reference images give each feature's quantiles and the class Gaussians of poses and scores; other
+training images against the non-digits fit the logistic combiner. The threshold is a percentile of the
+scores of the training images the model held out (its `--val-split`); the validation non-digits choose
+the settings. The test sets (MNIST test digits, held-out fonts and generators, turned digits) are
+scored once and reported with the previous card's score beside the new one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +23,9 @@ import numpy as np
 
 from service.imaging import ImageLimits, array_to_png, decode_image, preprocess
 from service.runtime.model_dir import CARD_FILE, GRAPH_FILE, create_session, load_model_dir, read_card, write_card
-from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
+from service.runtime.ood import FEATURE_TAILS, GAUSSIAN_FEATURES, ClassGaussian, OODCalibration, image_features
 from training.data import load_split, to_float
-from training.nondigits import NONDIGIT_SETS, make_set
+from training.nondigits import NONDIGIT_SETS, ROLES, make_set, rotated_digits
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,10 @@ DEFAULT_REFERENCE = 5000
 DEFAULT_PERCENTILE = 99.6
 DEFAULT_PER_SET = 1000
 BATCH = 250
+DYNAMIC_FEATURES = ("distance", "relative_distance", "winning_score", "margin", "ink", "pose_distance",
+                    "scores_distance", "routing_share")  # fmt: skip
+SHRINKAGE = 1e-3  # the shared covariance plus this share of its mean variance on the diagonal
+L2 = 1e-3  # the combiner's weight penalty per fitting image
 
 
 def quantile_levels(n_reference: int) -> np.ndarray:
@@ -45,24 +51,42 @@ def quantile_levels(n_reference: int) -> np.ndarray:
 
 
 class ModelOutputs:
-    """Runs a model directory's capsnet.onnx and keeps what the score needs: scores and reconstruction."""
+    """Runs a model directory's capsnet.onnx and keeps what the score needs: scores, poses, reconstruction and
+    routing map; with a `cache` directory, each named image set's outputs are kept there between runs."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, cache: Path | None = None) -> None:
         self.card = load_model_dir(model_dir).raw_card
         self.session = create_session(model_dir / GRAPH_FILE, "cpu")
         roles = {o["role"]: o["name"] for o in self.card["outputs"]}
         self.scores_name = self.card["scores"]["output"]
         self.reconstruction_name = roles.get("reconstruction")
+        self.names = {"scores": self.scores_name, **{r: roles[r] for r in ("poses", "reconstruction", "explanation")
+                                                      if r in roles}}  # fmt: skip
+        self.cache = cache
+        self.batch = int((self.card.get("serving") or {}).get("max_batch_size") or BATCH)
+
+    def run(self, images: np.ndarray, key: str | None = None) -> dict[str, np.ndarray]:
+        """Every output the score can use, by role (scores, poses, reconstruction, explanation)."""
+        file = None if self.cache is None or key is None else self.cache / f"{self.card['name']}-{key}.npz"
+        if file is not None and file.is_file():
+            with np.load(file) as saved:
+                return {k: saved[k] for k in saved.files}
+        parts: dict[str, list[np.ndarray]] = {r: [] for r in self.names}
+        for start in range(0, len(images), self.batch):
+            got = self.session.run(
+                list(self.names.values()), {self.card["input"]["name"]: images[start : start + self.batch]}
+            )
+            for role, array in zip(self.names, got, strict=True):
+                parts[role].append(array)
+        out = {r: np.concatenate(p) for r, p in parts.items()}
+        if file is not None:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(file, **out)  # type: ignore[arg-type]
+        return out
 
     def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        names = [self.scores_name] + ([self.reconstruction_name] if self.reconstruction_name else [])
-        parts: list[list[np.ndarray]] = [[] for _ in names]
-        for start in range(0, len(images), BATCH):
-            got = self.session.run(names, {self.card["input"]["name"]: images[start : start + BATCH]})
-            for part, array in zip(parts, got, strict=True):
-                part.append(array)
-        arrays = [np.concatenate(p) for p in parts]
-        return arrays[0], arrays[1] if len(arrays) > 1 else None
+        out = self.run(images)
+        return out["scores"], out.get("reconstruction")
 
     def features(self, images: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         scores, reconstruction = self(images)
@@ -90,6 +114,132 @@ def calibrate(features: dict[str, np.ndarray], percentile: float, description: s
     }
     ood["threshold"] = float(np.percentile(OODCalibration.from_card(ood).score(features), percentile))
     return ood
+
+
+def gaussian_entry(vectors: np.ndarray, labels: np.ndarray, k: int, output: str) -> dict[str, Any]:
+    """The card's entry for class Gaussians with a shared, slightly shrunk covariance fitted to (N, D) vectors."""
+    vectors = vectors.reshape(len(vectors), -1).astype(np.float64)
+    means = np.stack([vectors[labels == c].mean(axis=0) for c in range(k)])
+    centred = vectors - means[labels]
+    covariance = centred.T @ centred / len(vectors)
+    covariance += SHRINKAGE * np.trace(covariance) / len(covariance) * np.eye(len(covariance))
+    whitening = np.linalg.inv(np.linalg.cholesky(covariance))  # W with W^T W = covariance^-1
+    return {"output": output, "means": means.tolist(), "whitening": whitening.tolist()}
+
+
+def measure(outputs: dict[str, np.ndarray], images: np.ndarray, gaussians: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Every feature (N,) the model's outputs give, with the Gaussians' distances (card entries by feature)."""
+    features = image_features(images, outputs["scores"], outputs.get("reconstruction"), outputs.get("explanation"))
+    for name, entry in gaussians.items():
+        gaussian = ClassGaussian.from_card(entry, len(entry["means"]))
+        features[name] = gaussian.distance(outputs["scores"], outputs.get("poses"))
+    return features
+
+
+def fit_logistic(
+    digits: np.ndarray, outliers: np.ndarray, l2: float = L2, steps: int = 200
+) -> tuple[float, np.ndarray]:
+    """(bias, weights >= 0) of a logistic regression of outlier (1) against digit (0) on (N, F) surprises, each
+    class weighing half; weights kept non-negative (a surprise never speaks for a digit), by projected Newton."""
+    x = np.concatenate([digits, outliers]).astype(np.float64)
+    y = np.concatenate([np.zeros(len(digits)), np.ones(len(outliers))])
+    share = np.concatenate([np.full(len(digits), 0.5 / len(digits)), np.full(len(outliers), 0.5 / len(outliers))])
+    a = np.concatenate([np.ones((len(x), 1)), x], axis=1)
+    theta = np.zeros(a.shape[1])
+    penalty = np.r_[0.0, np.full(x.shape[1], l2)]
+    for _ in range(steps):
+        p = 1.0 / (1.0 + np.exp(-np.clip(a @ theta, -50, 50)))
+        gradient = a.T @ (share * (p - y)) + penalty * theta
+        free = np.r_[True, (theta[1:] > 0) | (gradient[1:] < 0)]
+        hessian = (a[:, free].T * (share * p * (1 - p))) @ a[:, free] + np.diag(penalty[free] + 1e-9)
+        step = np.zeros_like(theta)
+        step[free] = np.linalg.solve(hessian, gradient[free])
+        new = theta - step
+        new[1:] = np.maximum(new[1:], 0.0)
+        if np.abs(new - theta).max() < 1e-9:
+            theta = new
+            break
+        theta = new
+    return float(theta[0]), theta[1:]
+
+
+def fit_detector(
+    reference: tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, str],
+    combiner_digits: tuple[dict[str, np.ndarray], np.ndarray],
+    outliers: list[tuple[dict[str, np.ndarray], np.ndarray]],
+    names: tuple[str, ...],
+) -> dict[str, Any]:
+    """The card's `ood` object without its threshold: quantiles and Gaussians from the reference (outputs,
+    images, labels, description), the combiner from other digits (outputs, images) against the outliers."""
+    ref_outputs, ref_images, labels, description = reference
+    k = ref_outputs["scores"].shape[1]
+    gaussians = {
+        name: gaussian_entry(ref_outputs[output], labels, k, output) if output == "scores" else gaussian_entry(
+            ref_outputs["poses"].reshape(len(labels), k, -1)[np.arange(len(labels)), labels], labels, k, output)
+        for name, output in GAUSSIAN_FEATURES.items() if name in names and output in ref_outputs
+    }  # fmt: skip
+    features = {n: v for n, v in measure(ref_outputs, ref_images, gaussians).items() if n in names}
+    levels = quantile_levels(len(labels))
+    ood: dict[str, Any] = {
+        "method": "logistic regression on the surprise of each feature: -log of the share of reference digits at "
+        "least as extreme (interpolated between the stored quantiles); pose_distance and scores_distance are "
+        "Mahalanobis distances to the predicted class's mean under a shared covariance (Lee et al. 2018); an image "
+        "is in distribution when score <= threshold",
+        "reference": {"images": description, "n": len(labels)},
+        "levels": [float(v) for v in levels],
+        "features": [
+            {"name": n, "tail": FEATURE_TAILS[n], "values": [float(v) for v in np.quantile(features[n], levels)]}
+            for n in names if n in features
+        ],
+        "gaussians": gaussians,
+        "threshold": 0.0,
+    }  # fmt: skip
+    plain = OODCalibration.from_card(ood)
+    order = [f.name for f in plain.features]
+
+    def surprises(outputs: dict[str, np.ndarray], images: np.ndarray) -> np.ndarray:
+        got = plain.surprises(measure(outputs, images, gaussians))
+        return np.stack([got[n] for n in order], axis=1)
+
+    bias, weights = fit_logistic(surprises(*combiner_digits), np.concatenate([surprises(o, i) for o, i in outliers]))
+    ood["combiner"] = {"kind": "logistic", "bias": bias, "weights": dict(zip(order, weights.tolist(), strict=True))}
+    return ood
+
+
+def scores_of(calibration: OODCalibration, outputs: dict[str, np.ndarray], images: np.ndarray) -> np.ndarray:
+    return calibration.score(
+        calibration.measure(images, outputs["scores"], outputs.get("reconstruction"), outputs.get("poses"),
+                            outputs.get("explanation"))
+    )  # fmt: skip
+
+
+def evaluate_sets(
+    calibration: OODCalibration,
+    digits: tuple[dict[str, np.ndarray], np.ndarray, np.ndarray],
+    sets: dict[str, tuple[dict[str, np.ndarray], np.ndarray]],
+) -> dict[str, Any]:
+    """Accepted share and accuracy of labelled digits (outputs, images, labels); AUROC and rejected share per set."""
+    outputs, images, labels = digits
+    digit_scores = scores_of(calibration, outputs, images)
+    accepted = digit_scores <= calibration.threshold
+    predicted = outputs["scores"].argmax(axis=1)
+    result: dict[str, Any] = {
+        "digits": {
+            "n": len(labels),
+            "accepted": float(accepted.mean()),
+            "accuracy_all": float((predicted == labels).mean()),
+            "accuracy_accepted": float((predicted[accepted] == labels[accepted]).mean()) if accepted.any() else None,
+        },
+        "sets": {},
+    }
+    for name, (set_outputs, set_images) in sets.items():
+        scores = scores_of(calibration, set_outputs, set_images)
+        result["sets"][name] = {
+            "n": len(set_images),
+            "auroc": auroc(scores, digit_scores),
+            "rejected": float((scores > calibration.threshold).mean()),
+        }
+    return result
 
 
 def auroc(positive: np.ndarray, negative: np.ndarray) -> float:
@@ -226,36 +376,213 @@ def run(
     return report
 
 
+CANDIDATES = {  # feature sets the validation sets choose between (those the model's outputs give)
+    "all": DYNAMIC_FEATURES,
+    "without routing": tuple(n for n in DYNAMIC_FEATURES if n != "routing_share"),
+    "DARCCC features and pose": ("distance", "relative_distance", "winning_score", "margin", "ink", "pose_distance"),
+    "DARCCC features": ("distance", "relative_distance", "winning_score", "margin", "ink"),
+}
+
+
+def held_out(n: int, val_split: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(trained, held out) training-set indices as `capsnet-train --val-split` chose them (training.train.hold_out)."""
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[val_split:]), np.sort(order[:val_split])
+
+
+def available(names: tuple[str, ...], outputs: dict[str, np.ndarray]) -> tuple[str, ...]:
+    needs = {"distance": "reconstruction", "relative_distance": "reconstruction", "routing_share": "explanation",
+             "pose_distance": "poses"}  # fmt: skip
+    return tuple(n for n in names if needs.get(n, "scores") in outputs)
+
+
+def fit_and_evaluate(
+    model_dir: Path,
+    data_dir: str | None,
+    *,
+    reference: int,
+    combiner: int,
+    val_split: int,
+    train_seed: int,
+    percentile: float,
+    per_set: int,
+    seed: int,
+    previous: dict[str, Any] | None,
+    cache: Path | None = None,
+    write_card: bool = False,
+    progress: Callable[[str], None] = log.info,
+) -> dict[str, Any]:
+    """Fit each candidate, choose on the validation sets, report the chosen one (and `previous`, a card's `ood`
+    object, beside it) on the test sets; optionally write it into the card."""
+    model = ModelOutputs(model_dir, cache)
+    shape = tuple(model.card["input"]["shape"][1:])
+    train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
+    trained, held = held_out(len(train), val_split, train_seed)
+    if reference + combiner > len(trained) or not 0 < val_split < len(train):
+        raise ValueError(f"--reference {reference} + --combiner {combiner} exceed the {len(trained)} trained images")
+    ref_idx, comb_idx = trained[len(trained) - reference :], trained[len(trained) - reference - combiner : -reference]
+
+    def digits(split: Any, idx: np.ndarray, key: str) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        images = to_float(split.images[idx])
+        return model.run(images, key), images, split.labels[idx]
+
+    def nondigits(role: str, n: int) -> dict[str, tuple[dict[str, np.ndarray], np.ndarray]]:
+        out = {}
+        for name in ROLES[role][0]:
+            images = make_set(name, n, seed, shape, role)
+            out[name] = (model.run(images, f"{role}-{name}-{n}-{seed}"), images)
+        return out
+
+    def turned(split: Any, idx: np.ndarray, key: str) -> dict[str, tuple[dict[str, np.ndarray], np.ndarray]]:
+        out = {}
+        for turns in (1, 2):
+            images = to_float(rotated_digits(split.images[idx], split.labels[idx], turns))[:per_set]
+            out[f"digits_turned_{90 * turns}"] = (model.run(images, f"{key}-turned{turns}-{per_set}"), images)
+        return out
+
+    progress(f"model outputs: {reference} reference and {combiner} combiner training images, fitting non-digits")
+    ref = digits(train, ref_idx, f"train-ref-{reference}-{val_split}-{train_seed}")
+    ref_description = f"{reference} MNIST training images the model trained on"
+    comb = digits(train, comb_idx, f"train-comb-{combiner}-{reference}-{val_split}-{train_seed}")
+    fit_sets = nondigits("fit", per_set)
+    progress(f"model outputs: {val_split} held-out training images and the validation non-digits")
+    val = digits(train, held, f"train-held-{val_split}-{train_seed}")
+    val_sets = {**nondigits("validation", per_set), **turned(train, held, f"held-{val_split}-{train_seed}")}
+    val_description = f"the {val_split} MNIST training images the model held out (--val-split, seed {train_seed})"
+
+    chosen: tuple[str, dict[str, Any]] | None = None
+    candidates: dict[str, Any] = {}
+    for label, names in CANDIDATES.items():
+        names = available(names, ref[0])
+        ood = fit_detector((*ref, ref_description), (comb[0], comb[1]), list(fit_sets.values()), names)
+        ood["threshold"] = float(np.percentile(scores_of(OODCalibration.from_card(ood), val[0], val[1]), percentile))
+        result = evaluate_sets(OODCalibration.from_card(ood), val, val_sets)
+        rejected = float(np.mean([r["rejected"] for r in result["sets"].values()]))
+        candidates[label] = {"features": list(names), "mean_rejected": rejected, **result}
+        progress(f"candidate {label!r}: validation non-digits rejected {rejected:.1%} on average")
+        if chosen is None or rejected > candidates[chosen[0]]["mean_rejected"]:
+            chosen = (label, ood)
+    assert chosen is not None
+    label, ood = chosen
+    ood["threshold_rule"] = f"the {percentile:g}th percentile of the scores of {val_description}"
+    ood["target_acceptance"] = 0.99
+    calibration = OODCalibration.from_card(ood)
+
+    progress(f"chose {label!r}; scoring the test sets once")
+    test_digits = digits(test, np.arange(len(test)), "test")
+    test_sets = {**nondigits("test", per_set), **turned(test, np.arange(len(test)), "test")}
+    result = evaluate_sets(calibration, test_digits, test_sets)
+    ood["evaluation"] = {"mnist_test_accepted": result["digits"]["accepted"]}
+    report: dict[str, Any] = {
+        "model": model.card["name"],
+        "version": model.card["version"],
+        "method": ood["method"],
+        "chosen": label,
+        "features": [f["name"] for f in ood["features"]],
+        "combiner": ood["combiner"],
+        "threshold": ood["threshold"],
+        "threshold_rule": ood["threshold_rule"],
+        "reference": ref_description,
+        "seed": seed,
+        "per_set": per_set,
+        "validation": {"candidates": candidates},
+        "mnist_test": result["digits"],
+        "sets": result["sets"],
+    }
+    if previous is not None:
+        old = evaluate_sets(OODCalibration.from_card(previous), test_digits, test_sets)
+        report["previous"] = {
+            "method": previous.get("method"), "threshold": previous["threshold"],
+            "threshold_rule": previous.get("threshold_rule"), "mnist_test": old["digits"], "sets": old["sets"],
+        }  # fmt: skip
+    if write_card:
+        write_ood_calibration(model_dir, ood)
+    return report
+
+
+def fitted_markdown(report: dict[str, Any]) -> str:
+    """The report page's table of one model: each test set's AUROC and rejected share, the previous score's beside."""
+    test, old = report["mnist_test"], report.get("previous")
+    lines = [
+        f"Model `{report['model']}` (version {report['version']}): features {', '.join(report['features'])} "
+        f"(chosen on validation: {report['chosen']}); threshold {report['threshold']:.3f} "
+        f"({report['threshold_rule']}).",
+        "",
+        f"MNIST test digits accepted: {test['accepted']:.2%} of {test['n']:,}, accuracy on the accepted "
+        f"{_share(test['accuracy_accepted'])} (on all: {test['accuracy_all']:.2%})"
+        + (f"; previous score: {old['mnist_test']['accepted']:.2%}, {_share(old['mnist_test']['accuracy_accepted'])}."
+           if old else "."),
+        "",
+        "| test set | images | AUROC | rejected | previous AUROC | previous rejected |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    for name, row in report["sets"].items():
+        prev = old["sets"][name] if old else None
+        tail = f"{prev['auroc']:.3f} | {prev['rejected']:.1%}" if prev else "— | —"
+        lines.append(f"| {name} | {row['n']:,} | {row['auroc']:.3f} | {row['rejected']:.1%} | {tail} |")
+    return "\n".join(lines)
+
+
 def write_ood_calibration(model_dir: Path, ood: dict[str, Any]) -> None:
     """Add the `ood` object to model.json, validated (not hashed: the files the card lists are unchanged)."""
     write_card(model_dir, {**read_card(model_dir), "ood": ood})
     log.info("wrote the ood calibration to %s", model_dir / CARD_FILE)
 
 
+def training_split(card: dict[str, Any]) -> tuple[int, int]:
+    """(--val-split, --seed) of the card's training command: which training images the model held out."""
+    training = card.get("training") or {}
+    found = re.search(r"--val-split[ =](\d+)", str(training.get("command", "")))
+    return (int(found.group(1)) if found else 0), int(training.get("seed") or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="capsnet-ood",
-        description="Calibrate a model directory's 'not a digit' score on MNIST training images and report its "
-        "AUROC against MNIST test digits on generated non-digit sets.",
+        description="Fit and calibrate a model directory's 'not a digit' score on MNIST training images and "
+        "synthetic non-digits, choose its features on validation sets and report it on held-out test sets.",
     )
     p.add_argument("--model", required=True, help="model directory, e.g. model/zoo/capsnet-mnist (required)")
     p.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
     p.add_argument(
+        "--method",
+        choices=("fitted", "darccc"),
+        default="fitted",
+        help="fitted: the logistic combination (default); darccc: the largest surprise of five features",
+    )
+    p.add_argument(
         "--reference",
         type=int,
         default=DEFAULT_REFERENCE,
-        help=f"the last N training images are the reference (default: {DEFAULT_REFERENCE})",
+        help=f"the last N (trained) training images are the reference (default: {DEFAULT_REFERENCE})",
+    )
+    p.add_argument(
+        "--combiner", type=int, default=3000, help="trained images before those fit the combiner (default: 3000)"
+    )
+    p.add_argument(
+        "--val-split",
+        type=int,
+        default=None,
+        help="held-out training images that set the threshold (default: the card's training --val-split)",
     )
     p.add_argument(
         "--percentile",
         type=float,
-        default=DEFAULT_PERCENTILE,
-        help=f"threshold at this percentile of the reference images' scores (default: {DEFAULT_PERCENTILE})",
+        default=None,
+        help="threshold at this percentile of the held-out (fitted) or reference (darccc) images' scores "
+        f"(default: 99.5 fitted, {DEFAULT_PERCENTILE} darccc)",
     )
     p.add_argument(
         "--per-set", type=int, default=DEFAULT_PER_SET, help=f"images per non-digit set (default: {DEFAULT_PER_SET})"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the non-digit sets (default: 0)")
+    p.add_argument("--cache", type=Path, default=None, help="keep the model's outputs per image set in this directory")
+    p.add_argument(
+        "--previous",
+        type=Path,
+        default=None,
+        help="a model.json whose `ood` is reported beside the new score (default: the model's card before fitting)",
+    )
     p.add_argument(
         "--write-card", action="store_true", help="write the calibration into the card's `ood` (default: off)"
     )
@@ -268,19 +595,36 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        report = run(
-            Path(args.model), args.data_dir,
-            reference=500 if args.dry_run else args.reference, percentile=args.percentile,
-            per_set=20 if args.dry_run else args.per_set, seed=args.seed,
-            write_card=args.write_card and not args.dry_run,
-        )  # fmt: skip
+        if args.method == "darccc":
+            report = run(
+                Path(args.model), args.data_dir,
+                reference=500 if args.dry_run else args.reference,
+                percentile=DEFAULT_PERCENTILE if args.percentile is None else args.percentile,
+                per_set=20 if args.dry_run else args.per_set, seed=args.seed,
+                write_card=args.write_card and not args.dry_run,
+            )  # fmt: skip
+            text = markdown(report)
+        else:
+            card = read_card(Path(args.model))
+            val_split, train_seed = training_split(card)
+            previous = json.loads(args.previous.read_text()).get("ood") if args.previous else card.get("ood")
+            report = fit_and_evaluate(
+                Path(args.model), args.data_dir,
+                reference=500 if args.dry_run else args.reference,
+                combiner=300 if args.dry_run else args.combiner,
+                val_split=val_split if args.val_split is None else args.val_split, train_seed=train_seed,
+                percentile=99.5 if args.percentile is None else args.percentile,
+                per_set=20 if args.dry_run else args.per_set, seed=args.seed, previous=previous,
+                cache=args.cache, write_card=args.write_card and not args.dry_run,
+            )  # fmt: skip
+            text = fitted_markdown(report)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"capsnet-ood: error: {e}", file=sys.stderr)
         return 2
     if not args.dry_run:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(markdown(report))
+    print(text)
     return 0
 
 
