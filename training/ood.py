@@ -1,11 +1,11 @@
 """Fit, calibrate and evaluate the "not a digit" score of a model directory (docs/not-a-digit.md).
 
-Fitting sees MNIST training images the model trained on and the fitting non-digits (`training.nondigits`):
-reference images give each feature's quantiles and the class Gaussians of poses and scores; other
-training images against the non-digits fit the logistic combiner. The threshold is a percentile of the
-scores of the training images the model held out (its `--val-split`); the validation non-digits choose
-the settings. The test sets (MNIST test digits, held-out fonts and generators, turned digits) are
-scored once and reported with the previous card's score beside the new one.
+Reference MNIST training images (the model's own) give each feature's quantiles and the class Gaussians
+of poses and scores. The MNIST test digits, which the model never saw, are split at random (seeded) in
+three: `--combiner` digits against the fitting non-digits (`training.nondigits`) fit the logistic combiner,
+`--validation` digits set the threshold at a percentile of their scores and, with the validation
+non-digits, choose the features; the rest, with the test non-digits (held-out fonts and generators) and
+turned digits, are scored once and reported, with the previous card's score beside the new one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from service.imaging import ImageLimits, array_to_png, decode_image, preprocess
+from service.imaging import ImageLimits, array_from_pixels, array_to_png, decode_image, preprocess
 from service.runtime.model_dir import CARD_FILE, GRAPH_FILE, create_session, load_model_dir, read_card, write_card
 from service.runtime.ood import FEATURE_TAILS, GAUSSIAN_FEATURES, ClassGaussian, OODCalibration, image_features
 from training.data import load_split, to_float
@@ -34,7 +34,9 @@ TAIL_LEVELS = 40  # quantile levels spaced geometrically in each tail
 MIDDLE_LEVELS = 99  # quantile levels spaced evenly between the tails
 DEFAULT_REFERENCE = 5000
 DEFAULT_PERCENTILE = 99.6
-FITTED_PERCENTILE = 99.3  # of held-out digits: 99.0% of test digits or more, with two standard errors to spare
+FITTED_PERCENTILE = 99.3  # of validation digits: 99.0% of test digits or more, with two standard errors to spare
+DEFAULT_COMBINER = 4000
+DEFAULT_VALIDATION = 3000
 DEFAULT_PER_SET = 1000
 BATCH = 250
 DYNAMIC_FEATURES = ("distance", "relative_distance", "winning_score", "margin", "ink", "pose_distance",
@@ -408,6 +410,7 @@ def fit_and_evaluate(
     combiner: int,
     val_split: int,
     train_seed: int,
+    validation: int,
     percentile: float,
     per_set: int,
     seed: int,
@@ -421,14 +424,27 @@ def fit_and_evaluate(
     model = ModelOutputs(model_dir, cache)
     shape = tuple(model.card["input"]["shape"][1:])
     train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
-    trained, held = held_out(len(train), val_split, train_seed)
-    if reference + combiner > len(trained) or not 0 < val_split < len(train):
-        raise ValueError(f"--reference {reference} + --combiner {combiner} exceed the {len(trained)} trained images")
-    ref_idx, comb_idx = trained[len(trained) - reference :], trained[len(trained) - reference - combiner : -reference]
+    trained, _ = held_out(len(train), val_split, train_seed)
+    if not 0 < reference <= len(trained) or not 0 <= val_split < len(train):
+        raise ValueError(f"--reference {reference} must be between 1 and the {len(trained)} trained images")
+    if combiner < 1 or validation < 1 or combiner + validation >= len(test):
+        raise ValueError(
+            f"--combiner {combiner} + --validation {validation} must be positive and leave some of the "
+            f"{len(test)} test digits to report"
+        )
+    order = np.random.default_rng(seed).permutation(len(test))
+    comb_idx, val_idx = np.sort(order[:combiner]), np.sort(order[combiner : combiner + validation])
+    test_idx = np.sort(order[combiner + validation :])
+    ref_idx = trained[len(trained) - reference :]
 
     def digits(split: Any, idx: np.ndarray, key: str) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         images = to_float(split.images[idx])
         return model.run(images, key), images, split.labels[idx]
+
+    all_test = digits(test, np.arange(len(test)), "test")
+
+    def test_part(idx: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        return {k: v[idx] for k, v in all_test[0].items()}, all_test[1][idx], all_test[2][idx]
 
     def nondigits(role: str, n: int) -> dict[str, tuple[dict[str, np.ndarray], np.ndarray]]:
         out = {}
@@ -444,37 +460,38 @@ def fit_and_evaluate(
             out[f"digits_turned_{90 * turns}"] = (model.run(images, f"{key}-turned{turns}-{per_set}"), images)
         return out
 
-    progress(f"model outputs: {reference} reference and {combiner} combiner training images, fitting non-digits")
+    progress(f"model outputs: {reference} reference training images, fitting non-digits")
     ref = digits(train, ref_idx, f"train-ref-{reference}-{val_split}-{train_seed}")
     ref_description = f"{reference} MNIST training images the model trained on"
-    comb = digits(train, comb_idx, f"train-comb-{combiner}-{reference}-{val_split}-{train_seed}")
+    comb = test_part(comb_idx)
     fit_sets = nondigits("fit", per_set)
-    progress(f"model outputs: {val_split} held-out training images and the validation non-digits")
-    val = digits(train, held, f"train-held-{val_split}-{train_seed}")
-    val_sets = {**nondigits("validation", per_set), **turned(train, held, f"held-{val_split}-{train_seed}")}
-    val_description = f"the {val_split} MNIST training images the model held out (--val-split, seed {train_seed})"
+    progress(f"model outputs: the validation non-digits and {validation} validation test digits, turned")
+    val = test_part(val_idx)
+    val_sets = {**nondigits("validation", per_set), **turned(test, val_idx, f"test-{validation}-validation")}
+    val_description = f"{validation} MNIST test digits drawn at random (seed {seed}) as the validation"
 
-    chosen: tuple[str, dict[str, Any]] | None = None
+    chosen: tuple[str, dict[str, Any], tuple[float, float]] | None = None
     candidates: dict[str, Any] = {}
     for label, names in CANDIDATES.items():
         names = available(names, ref[0])
         ood = fit_detector((*ref, ref_description), (comb[0], comb[1]), list(fit_sets.values()), names)
         ood["threshold"] = float(np.percentile(scores_of(OODCalibration.from_card(ood), val[0], val[1]), percentile))
         result = evaluate_sets(OODCalibration.from_card(ood), val, val_sets)
-        rejected = float(np.mean([r["rejected"] for r in result["sets"].values()]))
-        candidates[label] = {"features": list(names), "mean_rejected": rejected, **result}
-        progress(f"candidate {label!r}: validation non-digits rejected {rejected:.1%} on average")
-        if chosen is None or rejected > candidates[chosen[0]]["mean_rejected"]:
-            chosen = (label, ood)
+        shares = [r["rejected"] for r in result["sets"].values()]
+        rank = (round(min(shares), 3), round(float(np.mean(shares)), 4))  # the worst set first, then the mean
+        candidates[label] = {"features": list(names), "worst_rejected": rank[0], "mean_rejected": rank[1], **result}
+        progress(f"candidate {label!r}: validation non-digits rejected {rank[0]:.1%} (worst set), {rank[1]:.1%} (mean)")
+        if chosen is None or rank > chosen[2]:
+            chosen = (label, ood, rank)
     assert chosen is not None
-    label, ood = chosen
+    label, ood, _ = chosen
     ood["threshold_rule"] = f"the {percentile:g}th percentile of the scores of {val_description}"
     ood["target_acceptance"] = 0.99
     calibration = OODCalibration.from_card(ood)
 
     progress(f"chose {label!r}; scoring the test sets once")
-    test_digits = digits(test, np.arange(len(test)), "test")
-    test_sets = {**nondigits("test", per_set), **turned(test, np.arange(len(test)), "test")}
+    test_digits = test_part(test_idx)
+    test_sets = {**nondigits("test", per_set), **turned(test, test_idx, f"test-{validation}-test")}
     result = evaluate_sets(calibration, test_digits, test_sets)
     ood["evaluation"] = {"mnist_test_accepted": result["digits"]["accepted"]}
     report: dict[str, Any] = {
@@ -487,6 +504,8 @@ def fit_and_evaluate(
         "threshold": ood["threshold"],
         "threshold_rule": ood["threshold_rule"],
         "reference": ref_description,
+        "mnist_test_digits": f"{len(test_idx)} MNIST test digits: those not drawn (seed {seed}) for the combiner "
+        f"({combiner}) or the validation ({validation})",
         "seed": seed,
         "per_set": per_set,
         "validation": {"candidates": candidates},
@@ -554,7 +573,7 @@ def edge_pair(model_dir: Path) -> dict[str, Any]:
         return np.round((1 - t) * digit.astype(np.float64) + t * other).astype(np.uint8)
 
     def score(pixels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
-        images = (pixels.astype(np.float32) / 255.0).reshape(1, 1, 28, 28)
+        images = array_from_pixels(pixels.tolist(), (28, 28)).astype(np.float32).reshape(1, 1, 28, 28)  # as served
         out = model.run(images)
         args = (out["scores"], out.get("reconstruction"), out.get("poses"), out.get("explanation"))
         features = calibration.measure(images, *args)
@@ -630,19 +649,29 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the last N (trained) training images are the reference (default: {DEFAULT_REFERENCE})",
     )
     p.add_argument(
-        "--combiner", type=int, default=3000, help="trained images before those fit the combiner (default: 3000)"
+        "--combiner",
+        type=int,
+        default=DEFAULT_COMBINER,
+        help=f"MNIST test digits (drawn at random) that fit the combiner (default: {DEFAULT_COMBINER})",
     )
     p.add_argument(
         "--val-split",
         type=int,
         default=None,
-        help="held-out training images that set the threshold (default: the card's training --val-split)",
+        help="training images the model held out, not used for fitting (default: the card's training --val-split)",
+    )
+    p.add_argument(
+        "--validation",
+        type=int,
+        default=DEFAULT_VALIDATION,
+        help="MNIST test digits (drawn at random after the combiner's) that set the threshold and choose the "
+        f"features; the rest are reported (default: {DEFAULT_VALIDATION})",
     )
     p.add_argument(
         "--percentile",
         type=float,
         default=None,
-        help="threshold at this percentile of the held-out (fitted) or reference (darccc) images' scores "
+        help="threshold at this percentile of the validation (fitted) or reference (darccc) digits' scores "
         f"(default: {FITTED_PERCENTILE} fitted, {DEFAULT_PERCENTILE} darccc)",
     )
     p.add_argument(
@@ -695,8 +724,9 @@ def main(argv: list[str] | None = None) -> int:
             report = fit_and_evaluate(
                 Path(args.model), args.data_dir,
                 reference=500 if args.dry_run else args.reference,
-                combiner=300 if args.dry_run else args.combiner,
+                combiner=100 if args.dry_run else args.combiner,
                 val_split=val_split if args.val_split is None else args.val_split, train_seed=train_seed,
+                validation=100 if args.dry_run else args.validation,
                 percentile=FITTED_PERCENTILE if args.percentile is None else args.percentile,
                 per_set=20 if args.dry_run else args.per_set, seed=args.seed, previous=previous,
                 cache=args.cache, write_card=args.write_card and not args.dry_run,

@@ -121,10 +121,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_previous_score(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = write_mnist_dir(tmp_path / "mnist", n_train=160, n_test=32)
+    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
     report_file, cache = tmp_path / "ood.json", tmp_path / "cache"
-    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "100", "--combiner", "30"]
-    args += ["--val-split", "20", "--per-set", "3", "--percentile", "90", "--cache", str(cache)]
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "100", "--combiner", "24"]
+    args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90", "--cache", str(cache)]
     assert ood.main([*args, "--method", "darccc", "--reference", "60", "--write-card", "--json", str(report_file)]) == 0
     previous = json.loads((tiny_model / "model.json").read_text())["ood"]
     assert ood.main([*args, "--write-card", "--json", str(report_file)]) == 0
@@ -138,16 +138,21 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
     calibration = OODCalibration.from_card(card)
     assert calibration.combiner is not None and card["threshold"] == report["threshold"]
     assert set(card["gaussians"]) == {"pose_distance", "scores_distance"} & set(report["features"])
-    assert "20 MNIST training images the model held out" in card["threshold_rule"]
+    assert "20 MNIST test digits drawn at random (seed 0) as the validation" in card["threshold_rule"]
+    assert report["mnist_test"]["n"] == 20  # the test digits neither the combiner nor the validation drew
     assert any(cache.iterdir())  # the model's outputs kept for the next run
     printed = capsys.readouterr().out
     assert "| letters | 3 |" in printed and "previous AUROC" in printed
 
 
-def test_cli_refuses_more_reference_images_than_trained_ones(
+def test_cli_refuses_more_images_than_there_are(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = write_mnist_dir(tmp_path / "mnist", n_train=64, n_test=8)
-    args = ["--model", str(tiny_model), "--data-dir", str(data), "--val-split", "10", "--reference", "50"]
-    assert ood.main(args) == 2
-    assert "--reference 50 + --combiner 3000 exceed the 54 trained images" in capsys.readouterr().err
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--val-split", "10"]
+    assert ood.main([*args, "--reference", "60"]) == 2
+    assert "--reference 60 must be between 1 and the 54 trained images" in capsys.readouterr().err
+    assert ood.main([*args, "--reference", "50", "--combiner", "4", "--validation", "4"]) == 2
+    assert (
+        "--combiner 4 + --validation 4 must be positive and leave some of the 8 test digits" in capsys.readouterr().err
+    )
