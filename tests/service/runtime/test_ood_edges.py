@@ -1,9 +1,9 @@
 """The served "not a digit" flag of each bundled model, pinned: two images just either side of its card's threshold
 through the real classify route, with their scores and the score's parts.
 
-The pairs (`data/ood_edges.json`) are a typeset digit blended into a letter, cut by bisection on the blend so that
+The pairs (`ood_edges.json`) are a typeset digit blended into a letter, cut by bisection on the blend so that
 one scores just below the threshold and one just above (`python -m training.ood --model model/zoo/<name>
---write-edges tests/service/runtime/data/ood_edges.json`). They fail when the comparison, the threshold (by a
+--write-edges tests/service/runtime/ood_edges.json`). They fail when the comparison, the threshold (by a
 few percent either way), a part or the combination changes; re-cut them after a new calibration.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 ZOO = Path(__file__).resolve().parents[3] / "model" / "zoo"
-EDGES = Path(__file__).parent / "data" / "ood_edges.json"
+EDGES = Path(__file__).parent / "ood_edges.json"
 MODELS = ("capsnet-mnist", "capsnet-mnist-int8", "capsnet-em-mnist")
 NEAR = 0.05  # each image's score lies within 5% of the threshold: a 20% looser or tighter threshold flips one
 
