@@ -330,28 +330,52 @@ class OODCalibration:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(score (N,), in_distribution (N,) bool) for a batch of model inputs and outputs."""
         score = None
-        if len(images) == 1 and self.combiner is None and not self.gaussians and not self.needs_explanation:
-            score = self._score_one(images, scores, reconstruction)
+        if len(images) == 1:
+            score = self._score_one(images, scores, reconstruction, poses, explanation)
         if score is None:
             score = self.score(self.measure(images, scores, reconstruction, poses, explanation))
         return score, score <= self.threshold
 
     def _score_one(
-        self, images: np.ndarray, scores: np.ndarray, reconstruction: np.ndarray | None
+        self,
+        images: np.ndarray,
+        scores: np.ndarray,
+        reconstruction: np.ndarray | None,
+        poses: np.ndarray | None = None,
+        explanation: np.ndarray | None = None,
     ) -> np.ndarray | None:
-        """`score` of a single image with a fifth of the numpy calls (a lone request pays them all from cold
-        caches): the same arithmetic, bit for bit, on Python floats where it is scalar. None for non-finite
-        values (NaN sorts and compares differently in Python): `score` decides those."""
+        """`score` of a single image with a fraction of the numpy calls (a lone request pays them all from cold
+        caches): the same arithmetic on Python floats where it is scalar (bit for bit without a combiner, Gaussians
+        or routing share; else to rounding). None for non-finite values (NaN sorts and compares differently in
+        Python): `score` decides those."""
         x = images.reshape(1, -1).astype(np.float64)
         features = {"ink": float(x.sum(axis=1)[0])}
-        ranked = sorted(scores.reshape(-1).tolist())  # float32 to float64 is exact, as astype(np.float64) is
+        row = scores.reshape(-1).tolist()  # float32 to float64 is exact, as astype(np.float64) is
+        ranked = sorted(row)
         features["winning_score"] = ranked[-1]
         features["margin"] = ranked[-1] - ranked[-2] if len(ranked) > 1 else ranked[-1]
         if reconstruction is not None:
             r = reconstruction.reshape(1, -1).astype(np.float64)
             features["distance"] = distance = math.sqrt(float(((x - r) ** 2).sum(axis=1)[0]))
             features["relative_distance"] = distance / max(math.sqrt(float((x * x).sum(axis=1)[0])), NORM_FLOOR)
+        winner = row.index(ranked[-1]) if math.isfinite(ranked[-1]) else 0  # argmax: the first of the largest
+        if self.needs_explanation and explanation is not None:
+            mass = explanation.reshape(len(row), -1).astype(np.float64).sum(axis=1).tolist()
+            features["routing_share"] = mass[winner] / max(sum(mass), NORM_FLOOR)
+        for name, gaussian in self.gaussians.items():
+            source = scores if gaussian.output == "scores" else poses
+            if source is None:
+                return None
+            vector = source.reshape(len(row), -1)[winner] if gaussian.output == "poses" else source.reshape(-1)
+            white = gaussian.whitening @ (vector.astype(np.float64) - gaussian.means[winner])
+            features[name] = math.sqrt(float(white @ white))
         if not all(math.isfinite(v) for v in (*ranked, *features.values())):
             return None
-        p = np.array([f.tail_probability(features[f.name]) for f in self.features])
-        return np.max(-np.log(p), axis=0, keepdims=True)
+        if self.combiner is None:
+            p = np.array([f.tail_probability(features[f.name]) for f in self.features])
+            return np.max(-np.log(p), axis=0, keepdims=True)
+        weights = self.combiner.weights
+        total = self.combiner.bias
+        for f in self.features:
+            total += weights[f.name] * -math.log(f.tail_probability(features[f.name]))
+        return np.array([total])

@@ -117,3 +117,30 @@ def test_a_malformed_fitted_calibration_is_refused(change: Any, message: str) ->
     change(ood)
     with pytest.raises(ValueError, match=message):
         OODCalibration.from_card(ood)
+
+
+def test_a_lone_image_scores_as_in_a_batch_with_every_kind_of_feature() -> None:
+    ood = card_ood()
+    ood["features"] += [
+        {"name": "scores_distance", "tail": "upper", "values": [0.0, 0.5, 3.0]},
+        {"name": "routing_share", "tail": "lower", "values": [0.0, 0.3, 1.0]},
+        {"name": "distance", "tail": "upper", "values": [0.0, 2.0, 4.0]},
+    ]
+    ood["gaussians"]["scores_distance"] = {
+        "output": "scores",
+        "means": np.eye(K).tolist(),
+        "whitening": np.eye(K).tolist(),
+    }
+    ood["combiner"]["weights"].update(scores_distance=0.7, routing_share=0.3, distance=0.1)
+    calibration = OODCalibration.from_card(ood)
+    rng = np.random.default_rng(2)
+    images, scores, poses = outputs(5, rng)
+    reconstruction = rng.random(images.shape).astype(np.float32)
+    explanation = rng.random((5, K, 2, 2)).astype(np.float32)
+    batch, _ = calibration.assess(images, scores, reconstruction, poses, explanation)
+    for i in range(5):
+        one = slice(i, i + 1)
+        alone = calibration._score_one(images[one], scores[one], reconstruction[one], poses[one], explanation[one])
+        assert alone is not None and alone[0] == pytest.approx(batch[i], abs=1e-12)
+    scores[0, 0] = np.nan  # not finite: the batch arithmetic decides
+    assert calibration._score_one(images[:1], scores[:1], reconstruction[:1], poses[:1], explanation[:1]) is None
