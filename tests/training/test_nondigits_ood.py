@@ -16,7 +16,7 @@ from service.api.routes.inference import DEFAULT_OPTIONS
 from service.imaging import ImageLimits, open_image
 from service.runtime.ood import FEATURE_TAILS, FeatureReference, OODCalibration
 from tests.conftest import write_mnist_dir
-from training import ood
+from training import ood, ood_fitted
 from training.nondigits import FONT_PACKAGE, NONDIGIT_SETS, FontMissing, font_paths, make_set
 
 
@@ -85,7 +85,7 @@ def test_feature_tails() -> None:
 
 def test_calibration_accepts_its_percentile_of_the_reference() -> None:
     rng = np.random.default_rng(0)
-    features = {name: rng.normal(size=2000) for name in ood.CANDIDATES["DARCCC features"]}
+    features = {name: rng.normal(size=2000) for name in ood_fitted.CANDIDATES["DARCCC features"]}
     card = ood.calibrate(features, 95.0, "test", 0.99)
     assert json.loads(json.dumps(card)) == card  # the card's object is plain JSON
     calibration = OODCalibration.from_card(card)

@@ -10,7 +10,7 @@ import pytest
 
 from service.runtime.ood import OODCalibration
 from tests.conftest import write_mnist_dir
-from training import nondigits, ood
+from training import nondigits, ood, ood_fitted
 from training.nondigits import TEST_SETS, VALIDATION_SETS, FontMissing, font_paths, make_set, rotated_digits
 
 
@@ -36,16 +36,16 @@ def test_the_whitening_gives_the_mahalanobis_distance_of_the_shared_covariance()
     labels = np.repeat(np.arange(3), 200)
     vectors = rng.normal(size=(600, 4)) @ np.array([[2, 0, 0, 0], [1, 1, 0, 0], [0, 0, 3, 0], [0, 0, 1, 0.5]])
     vectors += np.array([[0, 0, 0, 0], [5, 0, 0, 0], [0, 5, 0, 0]])[labels]
-    entry = ood.gaussian_entry(vectors, labels, 3, "scores")
+    entry = ood_fitted.gaussian_entry(vectors, labels, 3, "scores")
     means = np.asarray(entry["means"])
     np.testing.assert_allclose(means[1], vectors[labels == 1].mean(axis=0))
     centred = vectors - means[labels]
     covariance = centred.T @ centred / len(vectors)
-    covariance += ood.SHRINKAGE * np.trace(covariance) / 4 * np.eye(4)
+    covariance += ood_fitted.SHRINKAGE * np.trace(covariance) / 4 * np.eye(4)
     w = np.asarray(entry["whitening"])
     np.testing.assert_allclose(w.T @ w, np.linalg.inv(covariance), rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match=r"no digit of class \[3\]; give a larger --reference"):
-        ood.gaussian_entry(vectors, labels, 4, "scores")
+        ood_fitted.gaussian_entry(vectors, labels, 4, "scores")
 
 
 def test_the_combiner_separates_with_non_negative_weights() -> None:
@@ -53,7 +53,7 @@ def test_the_combiner_separates_with_non_negative_weights() -> None:
     digits = rng.exponential(1.0, (400, 3))
     outliers = rng.exponential(1.0, (400, 3)) + np.array([3.0, 0.0, 0.0])  # only the first feature tells
     outliers[:, 2] = rng.exponential(0.2, 400)  # the third is lower for outliers: it must not count against them
-    bias, weights = ood.fit_logistic(digits, outliers)
+    bias, weights = ood_fitted.fit_logistic(digits, outliers)
     assert weights[0] > 1.0 and weights[2] == 0.0 and (weights >= 0).all()
     logit = bias + np.concatenate([digits, outliers]) @ weights
     assert ood.auroc(logit[400:], logit[:400]) > 0.95
@@ -64,13 +64,13 @@ def test_the_held_out_images_are_those_capsnet_train_held_out() -> None:
     from training.train import hold_out
 
     split = MNISTSplit(np.zeros((50, 1, 2, 2), np.uint8), np.arange(50))
-    trained, held = ood.held_out(50, 10, seed=3)
+    trained, held = ood_fitted.held_out(50, 10, seed=3)
     kept, validation = hold_out(split, 10, 3)
     assert validation is not None
     np.testing.assert_array_equal(split.labels[held], validation.labels)
     np.testing.assert_array_equal(split.labels[trained], kept.labels)
     card = {"training": {"command": "capsnet-train --val-split 5000 --seed 1", "seed": 1}}
-    assert ood.training_split(card) == (5000, 1) and ood.training_split({}) == (0, 0)
+    assert ood_fitted.training_split(card) == (5000, 1) and ood_fitted.training_split({}) == (0, 0)
 
 
 def test_turned_digits_leave_out_those_that_stay_digits() -> None:
@@ -133,7 +133,8 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
     assert set(report["previous"]["sets"]) == set(report["sets"]) and report["previous"]["threshold"] == pytest.approx(
         previous["threshold"]
     )
-    assert report["chosen"] in ood.CANDIDATES and set(report["validation"]["candidates"]) == set(ood.CANDIDATES)
+    assert report["chosen"] in ood_fitted.CANDIDATES
+    assert set(report["validation"]["candidates"]) == set(ood_fitted.CANDIDATES)
     card = json.loads((tiny_model / "model.json").read_text())["ood"]
     calibration = OODCalibration.from_card(card)
     assert calibration.combiner is not None and card["threshold"] == report["threshold"]
