@@ -145,6 +145,28 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
     printed = capsys.readouterr().out
     assert "| letters | 3 |" in printed and "previous AUROC" in printed
 
+    edges = tmp_path / "edges.json"  # a pair either side of the card's threshold, for the tests
+    model, chars = ood_fitted.ModelOutputs(tiny_model), ood_fitted.EDGE_DIGITS + ood_fitted.EDGE_OTHERS
+    typeset = np.stack([ood_fitted.typeset(c) for c in chars]).astype(np.float32).reshape(-1, 1, 28, 28) / 255
+    scores = ood_fitted.scores_of(calibration, model.run(typeset), typeset)
+    digits, letters = scores[: len(ood_fitted.EDGE_DIGITS)], scores[len(ood_fitted.EDGE_DIGITS) :]
+    assert digits.min() < letters.max()
+
+    def with_threshold(threshold: float) -> None:
+        card["threshold"] = threshold
+        whole = json.loads((tiny_model / "model.json").read_text())
+        (tiny_model / "model.json").write_text(json.dumps({**whole, "ood": card}))
+
+    with_threshold(float(scores.min()) - 1.0)  # every typeset digit rejected: no pair
+    assert ood.main(["--model", str(tiny_model), "--write-edges", str(edges)]) == 2
+    assert "no typeset digit of 4712309568 is accepted and letter of HAKXTPE rejected" in capsys.readouterr().err
+    with_threshold(float(digits.min() + letters.max()) / 2)
+    assert ood.main(["--model", str(tiny_model), "--write-edges", str(edges)]) == 0
+    pair = json.loads(edges.read_text())["tiny"]
+    assert pair["threshold"] == card["threshold"]
+    assert pair["below"]["ood_score"] <= card["threshold"] < pair["above"]["ood_score"]
+    assert set(pair["below"]["parts"]) == set(report["features"]) and len(pair["above"]["pixels"]) == 28
+
 
 def test_cli_refuses_more_images_than_there_are(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
