@@ -183,7 +183,7 @@ def test_cuda_base_matches_the_onnxruntime_gpu_wheel(dockerfile: Dockerfile) -> 
         "model/zoo/capsnet-dynamic/best.pt",
         "model/zoo/capsnet-dynamic/capsnet.ts",
         "model/capsnet.py",
-        "training/train.py",
+        "training/fitting/train.py",
         "tests/service/test_api.py",
         "test-artifacts/report.xml",
         "service/__pycache__/main.cpython-312.pyc",

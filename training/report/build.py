@@ -15,10 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import training.report
-from training.data import DATA_DIR_ENV, IDXError, resolve_data_dir
-from training.device import DEVICE_CHOICES, resolve_device
-from training.loop import EXIT_UNFINISHED
-from training.machine import cpu_busy_percent
+from training.benchmarks.machine import cpu_busy_percent
+from training.data.mnist import DATA_DIR_ENV, IDXError, resolve_data_dir
+from training.fitting.device import DEVICE_CHOICES, resolve_device
+from training.fitting.loop import EXIT_UNFINISHED
 from training.report import affine, baseline, mnist_models, multimnist, perturbation, service_load, speed
 from training.report.common import (
     REPO_ROOT,

@@ -18,9 +18,9 @@ from typing import Any, cast
 import torch
 
 from model.capsnet import CapsNet, count_parameters
-from training.architectures import get_architecture
-from training.generators import AFFINE_CANVAS, MULTIMNIST_CANVAS
-from training.multimnist import multimnist_loss
+from training.data.generators import AFFINE_CANVAS, MULTIMNIST_CANVAS
+from training.fitting.architectures import get_architecture
+from training.fitting.multimnist import multimnist_loss
 from training.report.compute import count_flops
 
 

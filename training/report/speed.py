@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.runtime.model_dir import GRAPH_FILE, ProviderUnavailable, create_session, read_card
-from training.architectures import get_architecture
-from training.device import synchronize
+from service.contract import GRAPH_FILE, ProviderUnavailable, create_session, read_card
+from training.fitting.architectures import get_architecture
+from training.fitting.device import synchronize
 from training.report.common import (
     Context,
     Saved,
