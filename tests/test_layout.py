@@ -146,3 +146,78 @@ def test_the_layout_page_names_every_package_and_no_other() -> None:
     named = set(re.findall(r"^\| `((?:model|training|service)(?:/[a-z_]+)*)/` \|", page, re.M))
     packages = {p.replace(".", "/") for p in project_packages()}
     assert (sorted(packages - named), sorted(named - packages)) == ([], [])
+
+
+# One owner per duty: (what is written, the one module that may write it).
+SESSION_MAKERS = {"InferenceSession", "SessionOptions"}
+CLOCKS = {"perf_counter", "process_time", "clock"}
+SHARED_OPTIONS = {"--data-dir", "--device", "--threads"}
+# The load generators keep requests in flight until a deadline: load, not a timed loop (asyncio, so timed_runs
+# cannot drive them).
+LOAD_LOOPS = {"training.benchmarks.loadgen", "training.benchmarks.grpc_load"}
+
+
+def called_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
+def is_torch_optimizer(call: ast.Call) -> bool:
+    """`torch.optim.Adam(...)` and the like (not `torch.optim.lr_scheduler.*`)."""
+    func = call.func
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr[:1].isupper()
+        and isinstance(func.value, ast.Attribute)
+        and func.value.attr == "optim"
+        and isinstance(func.value.value, ast.Name)
+        and func.value.value.id == "torch"
+    )
+
+
+def duty_sites() -> dict[str, set[str]]:
+    """For each duty, the modules that perform it."""
+    sites: dict[str, set[str]] = {"session": set(), "optimizer": set(), "timing loop": set(), "shared option": set()}
+    for name, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = called_name(node)
+                if called in SESSION_MAKERS:
+                    sites["session"].add(name)
+                if is_torch_optimizer(node) or called == "zero_grad":
+                    sites["optimizer"].add(name)
+                first = node.args[0] if node.args else None
+                if called == "add_argument" and isinstance(first, ast.Constant) and first.value in SHARED_OPTIONS:
+                    sites["shared option"].add(name)
+            if isinstance(node, ast.While) and any(
+                isinstance(n, ast.Call) and called_name(n) in CLOCKS for n in ast.walk(node.test)
+            ):
+                sites["timing loop"].add(name)
+    return sites
+
+
+def test_each_duty_has_one_owner() -> None:
+    """Sessions and their options, the optimizer and its step, timing loops and the shared options: one module each."""
+    sites = duty_sites()
+    sites["timing loop"] -= LOAD_LOOPS
+    assert sites == {
+        "session": {"service.runtime.model_dir"},
+        "optimizer": {"training.fitting.loop"},
+        "timing loop": {"training.benchmarks.timing"},
+        "shared option": {"training.options"},
+    }
+
+
+def test_the_duty_check_sees_a_second_owner(tmp_path: Path) -> None:
+    """The checks above find what they look for: each pattern, written in a scratch module, is seen."""
+    source = (
+        "import time, torch, onnxruntime as ort\n"
+        "ort.InferenceSession(b'')\n"
+        "torch.optim.SGD([])\n"
+        "while time.perf_counter() < 1: pass\n"
+        "parser.add_argument('--device')\n"
+    )
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
+    assert {called_name(c) for c in calls} >= {"InferenceSession", "perf_counter", "add_argument"}
+    assert any(is_torch_optimizer(c) for c in calls)
+    assert not is_torch_optimizer(ast.parse("torch.optim.lr_scheduler.ExponentialLR(o)").body[0].value)  # type: ignore[attr-defined]

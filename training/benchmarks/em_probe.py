@@ -23,7 +23,9 @@ import torch
 
 from training.data.mnist import load_split, to_float
 from training.fitting.architectures import get_architecture
+from training.fitting.loop import make_optimizer, optimizer_step
 from training.fitting.train import TrainConfig, model_config_for
+from training.options import add_data_dir, add_threads
 
 PROBE_MARGIN_PROGRESS = 0.0  # the spread loss's margin at training progress 0: 0.2, the schedule's start
 
@@ -60,17 +62,15 @@ def run_probe(
     torch.manual_seed(cfg.seed)
     arch = get_architecture(cfg.arch)
     model = arch.build(model_config_for(cfg)).train()
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(model, cfg.lr)
     order = batches(len(images), cfg.batch_size, torch.Generator().manual_seed(cfg.seed))
     correct, losses, norms = [], [], []
     for step in range(1, steps + 1):
         idx = next(order)
         out = arch.forward(model, images[idx], labels[idx])
         loss = arch.loss(out, images[idx], labels[idx], PROBE_MARGIN_PROGRESS).total
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        optimizer_step(optimizer, loss)  # the gradients stay on the parameters: their norm is this step's
         norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])))
-        opt.step()
         scores = arch.scores(out).detach()
         correct.append(float((scores.argmax(1) == labels[idx]).float().mean()))
         losses.append(float(loss.detach()))
@@ -88,7 +88,7 @@ def run_probe(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.benchmarks.em_probe", description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
+    add_data_dir(p)
     p.add_argument("--preset", default="tiny", choices=["paper", "small", "tiny"], help="model size (default: tiny)")
     p.add_argument("--routing-iterations", type=int, default=None, help="EM iterations (default: the model's, 2)")
     p.add_argument("--lr", type=float, default=0.01, help="Adam's learning rate (default: 0.01)")
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=int, default=5000, help="train on the first N training images (default: 5000)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights and the shuffles (default: 0)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    add_threads(p, "torch CPU threads", 1)
     p.add_argument("--dry-run", action="store_true", help="one step, one window (default: off)")
     return p
 

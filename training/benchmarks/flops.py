@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.contract import ModelCard
+from service.contract import ModelCard, create_session, session_options
 from training.benchmarks.raw_ort import RawRow, random_feed, raw_slice
+from training.benchmarks.timing import timed_runs
 
 GEMM_SIZE = 2048
 # The weight's input position of each convolution operator (float, integer and quantized forms).
@@ -51,11 +51,7 @@ class GemmProbe:
     def run(self, seconds: float) -> None:
         """Each backend in turn for `seconds` (at least one run each)."""
         for name, run in self.runs.items():
-            start = time.perf_counter()
-            while time.perf_counter() - start < seconds or self.best_s[name] == math.inf:
-                t0 = time.perf_counter()
-                run()
-                self.best_s[name] = min(self.best_s[name], time.perf_counter() - t0)
+            self.best_s[name] = min(self.best_s[name], *timed_runs(run, seconds, min_runs=1))
 
     def gflops(self, backend: str) -> float:
         return 2 * self.size**3 / self.best_s[backend] / 1e9
@@ -69,12 +65,10 @@ class GemmProbe:
         return self.gflops(self.backend)
 
 
-def _matmul_session(size: int, threads: int | None) -> ort.InferenceSession | None:
-    """An ONNX Runtime session of one float32 `size`×`size` MatMul (inputs "a", "b"), or None without `onnx`."""
-    try:
-        from onnx import TensorProto, helper
-    except ImportError:
-        return None
+def matmul_graph(size: int) -> bytes:
+    """The float32 reference: one `size`×`size` MatMul (inputs "a", "b", output "c"), serialized; needs `onnx`."""
+    from onnx import TensorProto, helper
+
     square = [size, size]
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["a", "b"], ["c"])],
@@ -84,10 +78,17 @@ def _matmul_session(size: int, threads: int | None) -> ort.InferenceSession | No
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return bytes(model.SerializeToString())
+
+
+def _matmul_session(size: int, threads: int | None) -> ort.InferenceSession | None:
+    """An ONNX Runtime session of the MatMul reference with `threads` intra-op threads (None: ONNX Runtime's
+    choice) and spinning threads, as a plain session has; None without `onnx`."""
+    try:
+        graph = matmul_graph(size)
+    except ImportError:
+        return None
+    return create_session(graph, "cpu", options=session_options(threads or 0, allow_spinning=True))
 
 
 GEMM_BACKENDS = {"numpy": "numpy's BLAS", "onnxruntime": "ONNX Runtime (MLAS)"}
@@ -158,13 +159,11 @@ def onnx_flops_per_image(path: Path) -> tuple[int | None, str]:
         for node in model.graph.node
         if node.op_type == "Einsum"
     }
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.intra_op_num_threads = 1
-    options.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
-        options.profile_file_prefix = str(Path(tmp) / "flops")
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        options = session_options(
+            1, graph_optimization=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, profile_prefix=str(Path(tmp) / "flops")
+        )
+        session = create_session(model.SerializeToString(), "cpu", options=options)
         session.run(None, {i.name: _zeros(i) for i in session.get_inputs()})
         with open(session.end_profiling()) as f:
             events = json.load(f)

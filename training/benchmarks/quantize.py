@@ -16,7 +16,9 @@ import numpy as np
 import onnxruntime as ort
 
 from service.contract import GRAPH_FILE, create_session, default_intra_op_threads, load_model_dir
+from training.benchmarks.raw_ort import raw_slice
 from training.entry import cli_error
+from training.options import add_threads
 
 BENCH_BATCHES = (1, 32)
 
@@ -29,11 +31,8 @@ def _throughput(session: ort.InferenceSession, feed: dict[str, np.ndarray], seco
     """
     batch = len(next(iter(feed.values())))
     session.run(None, feed)
-    runs, start, cpu = 0, time.perf_counter(), time.process_time()
-    while runs < 3 or time.perf_counter() - start < seconds:
-        session.run(None, feed)
-        runs += 1
-    images = batch * runs
+    start, cpu = time.perf_counter(), time.process_time()
+    images = batch * len(raw_slice(session, feed, seconds))
     return images / (time.perf_counter() - start), (time.process_time() - cpu) / images
 
 
@@ -100,9 +99,7 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p.add_argument("candidate", metavar="SECOND", help="model directory, e.g. model/zoo/capsnet-mnist-int8")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds per batch size (default: 5)")
     p.add_argument("--seconds", type=float, default=2.0, help="seconds per measurement (default: 2.0)")
-    p.add_argument(
-        "--threads", type=int, default=None, help="intra-op threads (default: the CPU quota, as the service)"
-    )
+    add_threads(p, "intra-op threads", default_text="the CPU quota, as the service")
     return p
 
 

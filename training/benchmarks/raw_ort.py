@@ -1,6 +1,5 @@
-"""Raw ONNX Runtime timing, the reference the service benchmark compares the service with: serial runs on one
-session with every intra-op thread, and parallel callers sharing a single-thread session (as the service's
-parallel runs do)."""
+"""Raw ONNX Runtime timing, the reference every benchmark compares with: serial runs on one session with every
+intra-op thread, and parallel callers sharing a single-thread session (as the service's parallel runs do)."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.contract import ModelCard
+from training.benchmarks.timing import timed_runs
 
 
 def percentile_ms(latencies: list[float], q: float) -> float:
@@ -28,10 +28,7 @@ def parallel_slice(
     start = time.perf_counter()
 
     def call(mine: list[float]) -> None:
-        while time.perf_counter() - start < seconds or len(mine) < 3:
-            t0 = time.perf_counter()
-            session.run(None, feed)
-            mine.append(time.perf_counter() - t0)
+        mine += timed_runs(lambda: session.run(None, feed), seconds, min_runs=3)
 
     threads = [threading.Thread(target=call, args=(mine,)) for mine in latencies]
     for t in threads:

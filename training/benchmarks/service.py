@@ -67,6 +67,7 @@ from training.benchmarks.server import (
     read_text,
     start_server,
 )
+from training.options import add_threads
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CONCURRENCY = (1, 32)
@@ -382,11 +383,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="load generators, comma-separated: python (every kind), hey and wrk (HTTP kinds), h2load (gRPC); an "
         f"absent outside one is named and skipped (default: {','.join(DRIVERS)})",
     )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=defaults.intra_op_threads,
-        help=f"intra-op threads, raw and service (default: the CPU quota, here {defaults.intra_op_threads})",
+    add_threads(
+        parser,
+        "intra-op threads, raw and service",
+        defaults.intra_op_threads,
+        f"the CPU quota, here {defaults.intra_op_threads}",
     )
     parser.add_argument(
         "--provider", default=defaults.provider, help=f"auto, cuda or cpu (default: {defaults.provider})"

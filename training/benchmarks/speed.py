@@ -26,7 +26,6 @@ import resource
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,14 +35,15 @@ import torch
 from service.contract import create_session, session_options, usable_cpus
 from training.benchmarks.machine import machine_description
 from training.benchmarks.raw_ort import parallel_slice
+from training.benchmarks.timing import Clock, timed_runs
 from training.export.card import INPUT_NAME
 from training.export.exporter import DEFAULT_OPSET
 from training.export.graphs import ImageGraph, to_onnx
 from training.fitting.architectures import get_architecture
 from training.fitting.device import keep_freed_memory, resolve_device, synchronize, use_amp
+from training.fitting.loop import make_optimizer, optimizer_step
 from training.fitting.train import TrainConfig, model_config_for
-
-Clock = Callable[[], float]  # seconds: time.perf_counter (wall) or time.process_time (CPU, --cpu-time)
+from training.options import add_device
 
 
 def time_training(
@@ -52,7 +52,7 @@ def time_training(
     """Images/s of full training steps (forward, margin + reconstruction loss, backward, Adam)."""
     arch = get_architecture(cfg.arch)
     model = arch.build(model_config_for(cfg)).to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(model, cfg.lr)
     images = torch.rand(cfg.batch_size, 1, 28, 28, device=device)
     labels = torch.randint(0, 10, (cfg.batch_size,), device=device)
     amp = use_amp(cfg.amp, device)
@@ -62,10 +62,7 @@ def time_training(
             start = clock()
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
             out = arch.forward(model, images, labels)
-        loss = arch.loss(out, images, labels, 0.0).total
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        optimizer_step(optimizer, arch.loss(out, images, labels, 0.0).total)
     synchronize(device)
     return steps * cfg.batch_size / (clock() - start)
 
@@ -76,17 +73,14 @@ def time_inference(
     arch = get_architecture(cfg.arch)
     model = arch.build(model_config_for(cfg)).to(device).eval()
     images = torch.rand(batch, 1, 28, 28, device=device)
-    done, start = 0, 0.0
     with torch.inference_mode():
         for _ in range(2):
             arch.forward(model, images, None)
         synchronize(device)
         start = clock()
-        while clock() - start < seconds:
-            arch.forward(model, images, None)
-            done += batch
+        runs = len(timed_runs(lambda: arch.forward(model, images, None), seconds, clock=clock))
         synchronize(device)
-    return done / (clock() - start)
+    return runs * batch / (clock() - start)
 
 
 ORT_BATCH = 32  # the inference batch the training rate is compared with
@@ -131,11 +125,9 @@ class OnnxTimer:
         images = random_images(batch, self.shape)
         for _ in range(2):
             self.session.run(self.outputs, images)
-        done, start = 0, self.clock()
-        while self.clock() - start < seconds:
-            self.session.run(self.outputs, images)
-            done += batch
-        return round(done / (self.clock() - start), 1)
+        start = self.clock()
+        runs = len(timed_runs(lambda: self.session.run(self.outputs, images), seconds, clock=self.clock))
+        return round(runs * batch / (self.clock() - start), 1)
 
     def parallel(self, batch: int, seconds: float, callers: int) -> float:
         """Images/s (wall clock) of `callers` threads sharing one single-thread session at `batch`."""
@@ -171,11 +163,8 @@ def profile_onnx(cfg: TrainConfig, batch: int, top: int = PROFILE_TOP) -> dict[s
     shape); returns the rate while profiling, the kernel ms of one run, and the `top` entries as shares of it.
     """
     graph, outputs, shape = onnx_graph(cfg)
-    options = session_options(1)
-    options.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
-        options.profile_file_prefix = os.path.join(tmp, "ort")
-        session = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+        session = create_session(graph, "cpu", options=session_options(1, profile_prefix=os.path.join(tmp, "ort")))
         images = random_images(batch, shape)
         session.run(outputs, images)
         start = time.process_time()
@@ -299,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.benchmarks.speed", description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="dynamic", choices=["dynamic", "em"], help="architecture (default: dynamic)")
     p.add_argument("--preset", default="paper", choices=["paper", "small", "tiny"], help="model size (default: paper)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device (default: auto)")
+    add_device(p)
     p.add_argument(
         "--routing", default=None, choices=["sabour", "normalized"], help="routing variant (default: sabour)"
     )

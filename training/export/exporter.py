@@ -58,6 +58,7 @@ from training.export.rebuild import PARITY_IMAGES, rebuild_model
 from training.fitting.architectures import ExportSpec, get_architecture
 from training.fitting.checkpoint import load_model, training_command
 from training.fitting.onnx_eval import evaluate_session
+from training.options import add_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -317,11 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="model version written to the card (default: 1; with --from-model-dir the old version + 1)",
     )
-    p.add_argument(
-        "--data-dir",
-        default=None,
-        help="MNIST IDX directory for verification images and the test error (default: $CAPSNET_DATA_DIR)",
-    )
+    add_data_dir(p, "MNIST IDX directory for verification images and the test error")
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset, {MIN_OPSET} or newer (default: {DEFAULT_OPSET})"
     )

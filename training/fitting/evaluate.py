@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from training.data.mnist import IDXError, MNISTSplit, load_split, to_float
-from training.fitting.device import DEVICE_CHOICES, resolve_device
+from training.fitting.device import resolve_device
 from training.fitting.onnx_eval import evaluate_model_dir
 from training.fitting.results import EvalResult, confusion_matrix, progress_bar
+from training.options import add_data_dir, add_device
 
 if TYPE_CHECKING:
     import torch
@@ -59,11 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="a training checkpoint (.pt) (needs torch)")
     source.add_argument("--model", help="an exported model directory (ONNX Runtime only, no torch)")
-    parser.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
+    add_data_dir(parser)
     parser.add_argument("--batch-size", type=int, default=500, help="evaluation batch size (default: 500)")
-    parser.add_argument(
-        "--device", default="auto", choices=DEVICE_CHOICES, help="device for --checkpoint (default: auto)"
-    )
+    add_device(parser, "device for --checkpoint")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N test images (default: all)")
     args = parser.parse_args(argv)
     progress = sys.stderr.isatty()  # a bar for a person at a terminal; logs and pipes stay clean

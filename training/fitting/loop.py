@@ -218,6 +218,18 @@ def ema_with_warmup(decay: float) -> Callable[[Tensors, Tensors, torch.Tensor | 
     return update
 
 
+def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The optimizer every training and every timed training step uses: Adam at `lr`."""
+    return torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    """One update from `loss`: gradients cleared, backpropagated, applied (they stay on the parameters after)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
 class Trainer(Generic[TaskT]):
     """The one training loop: Adam with exponential decay, exact resume, a time budget, checkpoints and DDP.
 
@@ -254,7 +266,7 @@ class Trainer(Generic[TaskT]):
         self.model_config = model_config
         self.device = next(model.parameters()).device
         self.amp = use_amp(cfg.amp, self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.optimizer = make_optimizer(self.model, cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=cfg.lr_decay)
         # The weights evaluated and saved as "model": an exponential moving average of the trained ones, updated
         # after every optimizer step, when cfg.ema is set (the trained weights are then kept as "training_model").
@@ -399,9 +411,7 @@ class Trainer(Generic[TaskT]):
                 self._between_steps(budget, progress, len(batches), budget.step_fits())
             tick = clock()
             result = self.task.step(self.ddp, batch, (epoch * len(batches) + step) / total_steps, self._autocast)
-            self.optimizer.zero_grad(set_to_none=True)
-            result.loss.backward()
-            self.optimizer.step()
+            optimizer_step(self.optimizer, result.loss)
             if self.ema is not None:
                 self.ema.update_parameters(self.model)
             self._count(progress, result)

@@ -26,9 +26,10 @@ from training.export.rebuild import warm_start
 from training.fitting.architectures import ARCHITECTURES, Architecture, get_architecture
 from training.fitting.checkpoint import load_checkpoint
 from training.fitting.config import TrainConfig
-from training.fitting.device import DEVICE_CHOICES, keep_freed_memory, resolve_device
+from training.fitting.device import keep_freed_memory, resolve_device
 from training.fitting.evaluate import evaluate_torch
 from training.fitting.loop import EXIT_UNFINISHED, Autocast, DistInfo, Step, Trainer, init_distributed
+from training.options import add_data_dir, add_device
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +223,7 @@ def mnist_trainer(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="capsnet-train", description="Train a capsule network on MNIST.")
-    p.add_argument(
-        "--data-dir", default=None, help="directory with the MNIST IDX files, .gz or raw (default: $CAPSNET_DATA_DIR)"
-    )
+    add_data_dir(p, "directory with the MNIST IDX files, .gz or raw")
     p.add_argument(
         "--out",
         default="runs/capsnet",
@@ -271,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="centre the 28x28 digits on a canvas this size; 40 with --max-shift 6 places them anywhere on "
         "40x40, the affine experiment's training protocol (default: 28, no padding)",
     )
-    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device (default: auto)")
+    add_device(p)
     p.add_argument(
         "--amp",
         action="store_true",

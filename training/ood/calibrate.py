@@ -36,6 +36,7 @@ from service.contract import (
 )
 from training.data.mnist import load_split, to_float
 from training.ood.nondigits import NONDIGIT_SETS, make_set
+from training.options import add_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         "AUROC against MNIST test digits on generated non-digit sets.",
     )
     p.add_argument("--model", required=True, help="model directory, e.g. model/zoo/capsnet-mnist (required)")
-    p.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
+    add_data_dir(p)
     p.add_argument(
         "--reference",
         type=int,

@@ -54,6 +54,7 @@ from training.export.card import git_state
 from training.export.directory import Artifacts, check_request, write_model_dir
 from training.export.graphs import check_onnx_graph, default_opset
 from training.fitting.results import EvalResult, confusion_matrix
+from training.options import add_data_dir
 from training.quantize.rewrite import rewrite_u_hat_einsum
 
 log = logging.getLogger(__name__)
@@ -414,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", required=True, help="model directory to write, e.g. model/zoo/capsnet-mnist-int8 (required)"
     )
-    p.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
+    add_data_dir(p)
     p.add_argument(
         "--calibration-images",
         type=int,

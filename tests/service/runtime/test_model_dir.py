@@ -100,6 +100,24 @@ def test_sessions_from_a_file_and_from_bytes(em_dir: Path) -> None:
         model_dir.create_session(em_dir / "capsnet.onnx", "gpu")
 
 
+def test_a_benchmark_passes_its_own_options_to_the_one_factory(em_dir: Path, tmp_path: Path) -> None:
+    """Profiling, a lower optimisation level and spinning threads go through session_options; the rest stays."""
+    options = model_dir.session_options(
+        1,
+        graph_optimization=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        allow_spinning=True,
+        profile_prefix=str(tmp_path / "prof"),
+    )
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert options.enable_profiling and options.inter_op_num_threads == 1
+    session = model_dir.create_session(em_dir / "capsnet.onnx", options=options)
+    session.run(None, {"image": np.zeros((1, 1, 28, 28), dtype=np.float32)})
+    assert Path(session.end_profiling()).parent == tmp_path
+    with pytest.raises(ValueError, match="intra_op_threads or options, not both"):
+        model_dir.create_session(em_dir / "capsnet.onnx", "cpu", 1, options=options)
+
+
 def test_importing_it_loads_neither_fastapi_nor_torch_nor_the_app() -> None:
     probe = (
         "import sys\n"

@@ -391,7 +391,7 @@ def test_evaluate_cli_errors_cleanly(synthetic_mnist: Path, tmp_path: Path, caps
 def test_recorded_command_names_the_console_script() -> None:
     from training.fitting.checkpoint import training_command
 
-    assert training_command(["/repo/training/train.py", "--epochs", "3"]) == ["capsnet-train", "--epochs", "3"]
+    assert training_command(["/repo/training/fitting/train.py", "--epochs", "3"]) == ["capsnet-train", "--epochs", "3"]
     assert training_command(["/venv/bin/capsnet-train", "--seed", "1"]) == ["capsnet-train", "--seed", "1"]
 
 

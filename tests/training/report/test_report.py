@@ -17,6 +17,7 @@ from model.capsnet import CapsNet, count_parameters
 from model.config import CapsNetConfig
 from model.losses import margin_loss, margin_loss_multi
 from service.runtime.model_dir import create_session
+from training.benchmarks.flops import matmul_graph
 from training.data.generators import multimnist
 from training.data.mnist import load_split
 from training.fitting import loop
@@ -143,7 +144,7 @@ def test_time_calls_and_matmul_graph() -> None:
     calls = []
     t = speed.time_calls(lambda: calls.append(1), batch=4, seconds=0.0, min_reps=5, warmup=2)
     assert t.reps == 5 and len(calls) == 7 and t.p50_ms <= t.p99_ms and t.images_per_s > 0
-    session = create_session(speed.matmul_onnx(8))
+    session = create_session(matmul_graph(8))
     a, b = np.random.rand(8, 8).astype(np.float32), np.random.rand(8, 8).astype(np.float32)
     assert np.allclose(session.run(None, {"a": a, "b": b})[0], a @ b, atol=1e-5)
 
