@@ -4,7 +4,7 @@ Each feature (below) is compared with its distribution on reference MNIST images
 quantiles, giving its surprise: -log of the share of reference digits at least as extreme. The card's
 `combiner` weighs the surprises into the score (a logistic regression fitted on digits against synthetic
 non-digits); a card without one scores the largest surprise (DARCCC, Frosst, Sabour & Hinton 2018).
-Images scoring above the card's threshold are out of distribution. `training.ood` calibrates the card's
+Images scoring above the card's threshold are out of distribution. `training.ood.calibrate` fits the card's
 `ood` object with these same functions; docs/model-card.md and docs/not-a-digit.md specify it.
 """
 

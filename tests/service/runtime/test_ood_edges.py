@@ -2,7 +2,7 @@
 through the real classify route, with their scores and the score's parts.
 
 The pairs (`ood_edges.json`) are a typeset digit blended into a letter, cut by bisection on the blend so that
-one scores just below the threshold and one just above (`python -m training.ood --model model/zoo/<name>
+one scores just below the threshold and one just above (`python -m training.ood.calibrate --model model/zoo/<name>
 --write-edges tests/service/runtime/ood_edges.json`). They fail when the comparison, the threshold (by a
 few percent either way), a part or the combination changes; re-cut them after a new calibration.
 """

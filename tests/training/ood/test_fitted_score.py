@@ -10,8 +10,10 @@ import pytest
 
 from service.runtime.ood import OODCalibration
 from tests.conftest import write_mnist_dir
-from training import nondigits, ood, ood_fitted
-from training.nondigits import TEST_SETS, VALIDATION_SETS, FontMissing, font_paths, make_set, rotated_digits
+from training.ood import calibrate as ood
+from training.ood import fitted as ood_fitted
+from training.ood import nondigits
+from training.ood.nondigits import TEST_SETS, VALIDATION_SETS, FontMissing, font_paths, make_set, rotated_digits
 
 
 def fonts_present() -> bool:
@@ -60,8 +62,8 @@ def test_the_combiner_separates_with_non_negative_weights() -> None:
 
 
 def test_the_held_out_images_are_those_capsnet_train_held_out() -> None:
-    from training.data import MNISTSplit
-    from training.train import hold_out
+    from training.data.mnist import MNISTSplit
+    from training.fitting.train import hold_out
 
     split = MNISTSplit(np.zeros((50, 1, 2, 2), np.uint8), np.arange(50))
     trained, held = ood_fitted.held_out(50, 10, seed=3)
@@ -107,7 +109,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from model.capsnet import CapsNet
     from model.config import CapsNetConfig
-    from training.export import export_module
+    from training.export.exporter import export_module
 
     torch.manual_seed(0)
     cfg = CapsNetConfig.tiny()
