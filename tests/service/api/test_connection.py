@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -62,20 +63,16 @@ def exchange(address: tuple[str, int], data: bytes, timeout_s: float = 10.0) -> 
     """Send `data` on a new connection; (everything the server sent until it closed, seconds that took)."""
     with socket.create_connection(address, timeout=timeout_s) as sock:
         start = time.monotonic()
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused while sending: read the answer
             sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):  # refused while sending: the answer is still to be read
-            pass
         return read_all(sock), time.monotonic() - start
 
 
 def read_all(sock: socket.socket) -> bytes:
     chunks = []
-    try:
+    with contextlib.suppress(ConnectionResetError):
         while chunk := sock.recv(65536):
             chunks.append(chunk)
-    except ConnectionResetError:
-        pass
     return b"".join(chunks)
 
 
