@@ -1,0 +1,262 @@
+"""Hostile-input benchmark: how fast `capsnet-serve` refuses requests built to cost it, and how long its liveness
+probe waits meanwhile.
+
+Starts `capsnet-serve` on the model repository (gRPC off), or measures a server already running (`--url`). Each case
+is sent on a fresh connection while a probe thread asks `GET /health/live` every 10 ms on a keep-alive connection;
+a case reports the status it got, the time from its first byte sent to the answer (or the close), and the longest
+probe that overlapped it. Prints the machine first and one row per case. No torch, no model/ import.
+
+    python -m training.benchmarks.hostile [--model-repository model/zoo] [--url http://127.0.0.1:8000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import http.client
+import io
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+from PIL import Image
+
+from service.core.config import Settings
+from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROBE_INTERVAL_S = 0.01
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    send: Callable[[tuple[str, int]], tuple[int | None, float]]  # (status or None for a close, seconds)
+    expected: str  # what the service answers by design, e.g. "400"
+
+
+@dataclass
+class Probe:
+    """`GET /health/live` every PROBE_INTERVAL_S on one keep-alive connection: (start, seconds) of each."""
+
+    address: tuple[str, int]
+    samples: list[tuple[float, float]]
+    stop: threading.Event
+
+    def run(self) -> None:
+        connection = http.client.HTTPConnection(*self.address, timeout=60)
+        while not self.stop.is_set():
+            start = time.perf_counter()
+            connection.request("GET", "/health/live")
+            response = connection.getresponse()
+            response.read()
+            self.samples.append((start, time.perf_counter() - start))
+            time.sleep(PROBE_INTERVAL_S)
+        connection.close()
+
+    def longest(self, start: float, end: float) -> float:
+        """The longest probe that was in flight at any time in [start, end]."""
+        return max((s for t, s in self.samples if t <= end and t + s >= start), default=0.0)
+
+
+def status_of(answer: bytes) -> int | None:
+    line = answer.split(b"\r\n", 1)[0].split()
+    return int(line[1]) if len(line) > 1 and line[1].isdigit() else None
+
+
+def exchange(address: tuple[str, int], data: bytes, timeout_s: float = 120.0) -> tuple[int | None, float]:
+    """Send `data` on a new connection, read until the answer's head (or the close): (status, seconds)."""
+    with socket.create_connection(address, timeout=timeout_s) as sock:
+        start = time.perf_counter()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused while sending: read the answer
+            sock.sendall(data)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while b"\r\n\r\n" not in answer and (chunk := sock.recv(65536)):
+                answer += chunk
+        return status_of(answer), time.perf_counter() - start
+
+
+def post(path: str, body: bytes, content_type: str) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"Connection: close\r\n\r\n" + body
+
+
+def multipart(parts: list[bytes], boundary: bytes = b"hostile") -> tuple[bytes, str]:
+    body = b"".join(
+        b"--" + boundary + b'\r\nContent-Disposition: form-data; name="files"; filename="i.png"\r\n'
+        b"Content-Type: image/png\r\n\r\n" + part + b"\r\n"
+        for part in parts
+    )
+    return body + b"--" + boundary + b"--\r\n", f"multipart/form-data; boundary={boundary.decode()}"
+
+
+def png(width: int, height: int) -> bytes:
+    """A PNG of a white bar on black: compresses small, decodes at full cost."""
+    pixels = np.zeros((height, width), np.uint8)
+    pixels[height // 3 : height // 2, width // 4 : 3 * width // 4] = 255
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def held_open(address: tuple[str, int], data: bytes) -> tuple[int | None, float]:
+    """Send `data` (maybe nothing) and wait: (status, seconds) until the server answers or closes."""
+    return exchange(address, data)
+
+
+def over_the_cap(address: tuple[str, int], connections: int) -> tuple[int | None, float]:
+    """Hold `connections` open, then time one more."""
+    held = [socket.create_connection(address, timeout=30) for _ in range(connections)]
+    try:
+        time.sleep(0.2)
+        return exchange(address, b"GET /health/live HTTP/1.1\r\nHost: bench\r\n\r\n")
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def cases(model: str, settings: Settings) -> list[Case]:
+    """The hostile requests, each a Case; `model` is the model the v2 cases address."""
+    v2 = f"/v2/models/{model}/infer"
+    pixels = [1e30] + [0.0] * 783
+    v2_huge = json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": pixels}]})
+    tiny_images = b'{"images":[' + b",".join([b'{"data":""}'] * 650_000) + b"]}"
+    b64 = base64.b64encode(b"\x00\x00\x00").decode()
+    base64_entries = ('{"images":[' + ",".join([f'{{"data":"{b64}"}}'] * 560_000) + "]}").encode()
+    empty_parts, empty_type = multipart([b""] * 70_000)
+    big, big_type = multipart([png(4472, 4472)] * 64)
+    budget_side = int((settings.max_request_pixels / 4) ** 0.5)
+    allowed, allowed_type = multipart([png(budget_side, budget_side)] * 4)
+    long_boundary = "multipart/form-data; boundary=" + "b" * 257
+    header = b"GET /health/live HTTP/1.1\r\nHost: bench\r\nX-Big: "
+    return [
+        Case("v2 JSON, one pixel 1e30", lambda a: exchange(a, post(v2, v2_huge.encode(), "application/json")), "400"),
+        Case("v1 multipart, 257-character boundary", lambda a: exchange(a, post("/v1/classify", b"x", long_boundary)),
+             "400"),
+        Case(f"v1 JSON, 650,000 empty images ({len(tiny_images) / MiB:.1f} MiB)",
+             lambda a: exchange(a, post("/v1/classify", tiny_images, "application/json")), "413"),
+        Case(f"v1 JSON, 560,000 base64 images ({len(base64_entries) / MiB:.1f} MiB)",
+             lambda a: exchange(a, post("/v1/classify", base64_entries, "application/json")), "413"),
+        Case("v1 multipart, 70,000 empty parts", lambda a: exchange(a, post("/v1/classify", empty_parts, empty_type)),
+             "413"),
+        Case("v1 multipart, 64 PNGs of 4472×4472", lambda a: exchange(a, post("/v1/classify", big, big_type)), "413"),
+        Case(f"v1 multipart, 4 PNGs of {budget_side}×{budget_side} (the request pixel budget)",
+             lambda a: exchange(a, post("/v1/classify", allowed, allowed_type)), "200"),
+        Case("1 MiB header value", lambda a: exchange(a, header + b"a" * MiB + b"\r\n\r\n"), "431"),
+        Case("64 MiB header value", lambda a: exchange(a, header + b"a" * (64 * MiB) + b"\r\n\r\n"), "431"),
+        Case("half a request line, then silence", lambda a: held_open(a, b"GET /heal"),
+             f"408 after {settings.http_head_timeout_s:g} s"),
+        Case("a connection that sends nothing", lambda a: held_open(a, b""),
+             f"closed after {settings.http_idle_timeout_s:g} s"),
+        Case(f"connection {settings.http_max_connections + 1} while {settings.http_max_connections} are open",
+             lambda a: over_the_cap(a, settings.http_max_connections), "503"),
+    ]  # fmt: skip
+
+
+def start_server(repository: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "CAPSNET_GRPC_PORT": "0", "CAPSNET_LOG_LEVEL": "warning"}
+    command = [sys.executable, "-m", "service.main", "--port", str(port), "--model-repository", str(repository)]
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def wait_ready(address: tuple[str, int], timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if exchange(address, b"GET /health/ready HTTP/1.1\r\nHost: bench\r\n\r\n", timeout_s=5)[0] == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError("capsnet-serve did not become ready")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def machine_lines() -> list[str]:
+    return [
+        f"date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
+        f"machine: {cpu_model()}, {usable_cpus()} usable CPUs, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}",
+        f"load average: {load_average()}, CPU busy just before: {cpu_busy_percent()} %",
+    ]
+
+
+def run(address: tuple[str, int], model: str, settings: Settings) -> list[str]:
+    probe = Probe(address, [], threading.Event())
+    thread = threading.Thread(target=probe.run, daemon=True)
+    thread.start()
+    rows = [f"{'case':<62} {'expected':>20} {'got':>6} {'answered in':>12} {'liveness max':>13}"]
+    for case in cases(model, settings):
+        time.sleep(0.2)  # probes before the case
+        start = time.perf_counter()
+        status, seconds = case.send(address)
+        end = time.perf_counter()
+        time.sleep(0.1)
+        got = str(status) if status is not None else "closed"
+        rows.append(
+            f"{case.name:<62} {case.expected:>20} {got:>6} {seconds * 1000:>9.0f} ms "
+            f"{probe.longest(start, end) * 1000:>10.0f} ms"
+        )
+    probe.stop.set()
+    thread.join(10)
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m training.benchmarks.hostile", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=REPO_ROOT / "model" / "zoo",
+        help="repository the started server serves (default: the bundled model/zoo)",
+    )
+    parser.add_argument("--model", default="capsnet-mnist", help="model the v2 cases address (default: capsnet-mnist)")
+    parser.add_argument(
+        "--url", help="measure this running server instead of starting one; its settings are taken as the defaults"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    settings = Settings()  # the defaults (and any CAPSNET_* variables), which the started server also reads
+    print("\n".join(machine_lines()))
+    server = None
+    if args.url:
+        url = urlsplit(args.url)
+        address = (url.hostname or "127.0.0.1", url.port or 80)
+    else:
+        address = ("127.0.0.1", free_port())
+        server = start_server(args.model_repository, address[1])
+    try:
+        wait_ready(address)
+        served = args.url or f"capsnet-serve --model-repository {os.path.relpath(args.model_repository)}"
+        print(f"server: {served} (the service's default limits unless CAPSNET_* variables say otherwise)")
+        print("\n".join(run(address, args.model, settings)))
+    finally:
+        if server is not None:
+            server.terminate()
+            _, errors = server.communicate(timeout=60)
+            tracebacks = errors.decode(errors="replace").count("Traceback")
+            print(f"server log: {len(errors.splitlines())} lines on stderr at level warning, {tracebacks} tracebacks")
+
+
+if __name__ == "__main__":
+    main()
