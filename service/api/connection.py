@@ -1,12 +1,13 @@
 """The HTTP connection's own limits, which uvicorn's httptools protocol lacks: the size and field count of a request
-head, the time to send it, the time a fresh connection may stay silent, and the number of open connections.
+head, the time to send its head and its body, the time a fresh connection may stay silent, and the number of open
+connections.
 
 `guarded_protocol(limits)` is the protocol class the server runs (service.main.http_server): uvicorn's httptools
 protocol with the one-write responses of `service.api.coalesce`, and these checks. A request that breaks one is
-answered at once (431, 408 or 503, JSON, `Connection: close`) and its connection closed, before any ASGI code
-runs; each refusal is counted by reason and logged at debug level. The keep-alive timeout between requests is
-uvicorn's own (`timeout_keep_alive`), set to the same idle timeout. A request whose head arrives in one read, the
-usual case, arms no timer; the checks on it are a length sum over its headers.
+answered at once (431, 408 or 503, JSON, `Connection: close`) and its connection closed (a body sent too slowly:
+408 unless the route has answered already); each refusal is counted by reason and logged at debug level. The
+keep-alive timeout between requests is uvicorn's own (`timeout_keep_alive`), set to the same idle timeout. A request
+that arrives in one read, the usual case, arms no timer; the checks on it are a length sum over its headers.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class ConnectionLimits:
     max_head_bytes: int
     max_headers: int
     head_timeout_s: float
+    body_timeout_s: float
     idle_timeout_s: float
     max_connections: int
     refused: Callable[[str], None] = lambda reason: None
@@ -44,6 +46,7 @@ class ConnectionLimits:
             max_head_bytes=settings.http_max_header_bytes,
             max_headers=settings.http_max_headers,
             head_timeout_s=settings.http_head_timeout_s,
+            body_timeout_s=settings.http_body_timeout_s,
             idle_timeout_s=settings.http_idle_timeout_s,
             max_connections=settings.http_max_connections,
             **({"refused": refused} if refused is not None else {}),
@@ -70,7 +73,8 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.timeout_keep_alive = self.limits.idle_timeout_s  # type: ignore[assignment]  # uvicorn's, between requests
         self.head_bytes: int | None = None  # bytes of the request head being read (counted per read); None: no head
-        self.head_timer: TimerHandle | None = None
+        self.body_pending = False  # a request's head is read, its body not yet
+        self.read_timer: TimerHandle | None = None  # the head's or the body's deadline, while one is being read
         self.refusal: Refusal | None = None  # why a parser callback stopped the parse
 
     def connection_made(self, transport: Transport) -> None:  # type: ignore[override]
@@ -86,7 +90,7 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.cancel_head_timer()
+        self.cancel_read_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -111,6 +115,8 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
             self.limits.refused("invalid_request")
             self.send_400_response("Invalid HTTP request received.")
             return
+        if self.body_pending and self.read_timer is None:
+            self.read_timer = self.loop.call_later(self.limits.body_timeout_s, self.body_timed_out)
         if self.head_bytes is None:
             return
         if reading_head:  # this whole read belongs to the head (a head that began within it is counted from the next)
@@ -118,8 +124,8 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
             if self.head_bytes > self.limits.max_head_bytes:
                 self.refuse(self.head_too_large(self.head_bytes))
                 return
-        if self.head_timer is None:
-            self.head_timer = self.loop.call_later(self.limits.head_timeout_s, self.head_timed_out)
+        if self.read_timer is None:
+            self.read_timer = self.loop.call_later(self.limits.head_timeout_s, self.head_timed_out)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -127,7 +133,7 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.head_bytes = None
-        self.cancel_head_timer()
+        self.cancel_read_timer()
         if len(self.headers) > self.limits.max_headers:
             self.refusal = Refusal(
                 431, "too_many_headers", f"too many header fields: {len(self.headers)}, the limit is "
@@ -139,6 +145,12 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
             self.refusal = self.head_too_large(size)
             raise HeadRefused
         super().on_headers_complete()
+        self.body_pending = True
+
+    def on_message_complete(self) -> None:
+        self.body_pending = False
+        self.cancel_read_timer()
+        super().on_message_complete()
 
     def head_too_large(self, size: int) -> Refusal:
         return Refusal(
@@ -147,27 +159,35 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
         )  # fmt: skip
 
     def head_timed_out(self) -> None:
-        self.head_timer = None
+        self.read_timer = None
         timeout = self.limits.head_timeout_s
         self.refuse(
             Refusal(408, "head_timeout", f"request head not complete within {timeout:g} s "
                     f"({env_name('http_head_timeout_s')})")
         )  # fmt: skip
 
-    def cancel_head_timer(self) -> None:
-        if self.head_timer is not None:
-            self.head_timer.cancel()
-            self.head_timer = None
+    def body_timed_out(self) -> None:
+        self.read_timer = None
+        timeout = self.limits.body_timeout_s
+        self.refuse(
+            Refusal(408, "body_timeout", f"request body not complete within {timeout:g} s "
+                    f"({env_name('http_body_timeout_s')})")
+        )  # fmt: skip
+
+    def cancel_read_timer(self) -> None:
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+            self.read_timer = None
 
     def refuse(self, refusal: Refusal) -> None:
         """Answer `refusal` (unless a response is being written on this connection) and close the connection."""
-        self.cancel_head_timer()
-        self.head_bytes = None
+        self.cancel_read_timer()
+        self.head_bytes, self.body_pending = None, False
         logger.debug("refused a connection from %s: %s", self.client, refusal.message)
         self.limits.refused(refusal.reason)
         if self.transport.is_closing():
             return
-        if self.cycle is None or self.cycle.response_complete:
+        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
             body = json.dumps({"error": refusal.message, "type": refusal.reason}).encode()
             head = [STATUS_LINE[refusal.status]]
             head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]

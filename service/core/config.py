@@ -147,6 +147,11 @@ class Settings(BaseSettings):
         gt=0.0,
         description="Time a connection has to send a request's whole head once it began (408, then closed).",
     )
+    http_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="Time a request has to send its whole body once its head is read (408, then closed).",
+    )
     http_idle_timeout_s: float = Field(
         default=5.0,
         gt=0.0,

@@ -31,8 +31,8 @@ class Metrics:
         )
         self.connections_refused = Counter(
             "capsnet_http_connections_refused",
-            "HTTP connections answered and closed by the server before any route ran, by reason: too_many_connections,"
-            " header_too_large, too_many_headers, head_timeout, invalid_request.",
+            "HTTP connections answered and closed by the server itself (service.api.connection), by reason: "
+            "too_many_connections, header_too_large, too_many_headers, head_timeout, body_timeout, invalid_request.",
             ["reason"],
             registry=r,
         )

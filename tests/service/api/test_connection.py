@@ -169,3 +169,22 @@ def test_refusals_are_counted_by_reason_and_logged_without_traceback(
         assert f'capsnet_http_connections_refused_total{{reason="{reason}"}}' in metrics
     refused = [r for r in caplog.records if r.name == "service.api.connection"]
     assert refused and all(r.levelname == "DEBUG" and r.exc_info is None for r in refused)
+
+
+def test_a_body_sent_too_slowly_is_refused_408(model_repository: Path) -> None:
+    with serving(model_repository, http_body_timeout_s=0.5) as address:
+        head = (
+            b"POST /v1/classify HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        answer, seconds = exchange(address, head + b'{"images": [')
+        status, headers, body = refusal(answer)
+        assert (status, headers["connection"]) == (408, "close") and 0.45 < seconds < 3.5
+        assert body == {
+            "error": "request body not complete within 0.5 s (CAPSNET_HTTP_BODY_TIMEOUT_S)",
+            "type": "body_timeout",
+        }
+        with socket.create_connection(address, timeout=10) as sock:  # a body sent in pieces, in time, is served
+            sock.sendall(head.replace(b"100", b"2").replace(b"classify", b"decode") + b"{")
+            time.sleep(0.2)
+            sock.sendall(b"}\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
