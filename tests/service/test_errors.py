@@ -462,7 +462,9 @@ def test_decode_rejects_nan(client: TestClient) -> None:
 
 
 def test_unknown_route_and_method(client: TestClient) -> None:
-    assert result(client.get("/v1/nothing")) == error(404, "no route for GET at this path; see /docs for the routes", "not_found")
+    assert result(client.get("/v1/nothing")) == error(
+        404, "no route for GET at this path; see /docs for the routes", "not_found"
+    )
     r = client.get("/v1/classify")
     assert result(r) == error(405, "method GET is not allowed at this path; use POST", "method_not_allowed")
     assert r.headers["allow"] == "POST"
