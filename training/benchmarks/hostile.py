@@ -41,11 +41,15 @@ PROBE_INTERVAL_S = 0.01
 MiB = 1 << 20
 
 
+Send = Callable[[tuple[str, int], bytes], tuple[int | None, float]]  # (address, payload) -> (status or None, s)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
-    send: Callable[[tuple[str, int]], tuple[int | None, float]]  # (status or None for a close, seconds)
+    payload: Callable[[], bytes]  # built before the clock starts
     expected: str  # what the service answers by design, e.g. "400"
+    send: Send = lambda address, data: exchange(address, data)
 
 
 @dataclass
@@ -113,57 +117,61 @@ def png(width: int, height: int) -> bytes:
     return buffer.getvalue()
 
 
-def held_open(address: tuple[str, int], data: bytes) -> tuple[int | None, float]:
-    """Send `data` (maybe nothing) and wait: (status, seconds) until the server answers or closes."""
-    return exchange(address, data)
-
-
-def over_the_cap(address: tuple[str, int], connections: int) -> tuple[int | None, float]:
+def over_the_cap(connections: int) -> Send:
     """Hold `connections` open, then time one more."""
-    held = [socket.create_connection(address, timeout=30) for _ in range(connections)]
-    try:
-        time.sleep(0.2)
-        return exchange(address, b"GET /health/live HTTP/1.1\r\nHost: bench\r\n\r\n")
-    finally:
-        for sock in held:
-            sock.close()
+
+    def send(address: tuple[str, int], data: bytes) -> tuple[int | None, float]:
+        held = [socket.create_connection(address, timeout=30) for _ in range(connections)]
+        try:
+            time.sleep(0.2)
+            return exchange(address, data)
+        finally:
+            for sock in held:
+                sock.close()
+
+    return send
+
+
+def v2_huge_pixel(model: str) -> bytes:
+    pixels = [1e30] + [0.0] * 783
+    tensor = {"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": pixels}
+    return post(f"/v2/models/{model}/infer", json.dumps({"inputs": [tensor]}).encode(), "application/json")
+
+
+def json_images(entry: bytes, count: int) -> bytes:
+    return post("/v1/classify", b'{"images":[' + b",".join([entry] * count) + b"]}", "application/json")
+
+
+def multipart_images(parts: list[bytes]) -> bytes:
+    return post("/v1/classify", *multipart(parts))
+
+
+def header_value(size: int) -> bytes:
+    return b"GET /health/live HTTP/1.1\r\nHost: bench\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
 
 
 def cases(model: str, settings: Settings) -> list[Case]:
     """The hostile requests, each a Case; `model` is the model the v2 cases address."""
-    v2 = f"/v2/models/{model}/infer"
-    pixels = [1e30] + [0.0] * 783
-    v2_huge = json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": pixels}]})
-    tiny_images = b'{"images":[' + b",".join([b'{"data":""}'] * 650_000) + b"]}"
-    b64 = base64.b64encode(b"\x00\x00\x00").decode()
-    base64_entries = ('{"images":[' + ",".join([f'{{"data":"{b64}"}}'] * 560_000) + "]}").encode()
-    empty_parts, empty_type = multipart([b""] * 70_000)
-    big, big_type = multipart([png(4472, 4472)] * 64)
-    budget_side = int((settings.max_request_pixels / 4) ** 0.5)
-    allowed, allowed_type = multipart([png(budget_side, budget_side)] * 4)
-    long_boundary = "multipart/form-data; boundary=" + "b" * 257
-    header = b"GET /health/live HTTP/1.1\r\nHost: bench\r\nX-Big: "
+    base64_entry = b'{"data":"' + base64.b64encode(b"\x00\x00\x00") + b'"}'
+    side = int((settings.max_request_pixels / 4) ** 0.5)  # four images of this side fill the request's pixel budget
+    cap = settings.http_max_connections
+    live = b"GET /health/live HTTP/1.1\r\nHost: bench\r\n\r\n"
     return [
-        Case("v2 JSON, one pixel 1e30", lambda a: exchange(a, post(v2, v2_huge.encode(), "application/json")), "400"),
-        Case("v1 multipart, 257-character boundary", lambda a: exchange(a, post("/v1/classify", b"x", long_boundary)),
-             "400"),
-        Case(f"v1 JSON, 650,000 empty images ({len(tiny_images) / MiB:.1f} MiB)",
-             lambda a: exchange(a, post("/v1/classify", tiny_images, "application/json")), "413"),
-        Case(f"v1 JSON, 560,000 base64 images ({len(base64_entries) / MiB:.1f} MiB)",
-             lambda a: exchange(a, post("/v1/classify", base64_entries, "application/json")), "413"),
-        Case("v1 multipart, 70,000 empty parts", lambda a: exchange(a, post("/v1/classify", empty_parts, empty_type)),
-             "413"),
-        Case("v1 multipart, 64 PNGs of 4472×4472", lambda a: exchange(a, post("/v1/classify", big, big_type)), "413"),
-        Case(f"v1 multipart, 4 PNGs of {budget_side}×{budget_side} (the request pixel budget)",
-             lambda a: exchange(a, post("/v1/classify", allowed, allowed_type)), "200"),
-        Case("1 MiB header value", lambda a: exchange(a, header + b"a" * MiB + b"\r\n\r\n"), "431"),
-        Case("64 MiB header value", lambda a: exchange(a, header + b"a" * (64 * MiB) + b"\r\n\r\n"), "431"),
-        Case("half a request line, then silence", lambda a: held_open(a, b"GET /heal"),
+        Case("v2 JSON, one pixel 1e30", lambda: v2_huge_pixel(model), "400"),
+        Case("v1 multipart, 257-character boundary",
+             lambda: post("/v1/classify", b"x", "multipart/form-data; boundary=" + "b" * 257), "400"),
+        Case("v1 JSON, 650,000 empty images (7.4 MiB)", lambda: json_images(b'{"data":""}', 650_000), "413"),
+        Case("v1 JSON, 560,000 base64 images (8.5 MiB)", lambda: json_images(base64_entry, 560_000), "413"),
+        Case("v1 multipart, 70,000 empty parts", lambda: multipart_images([b""] * 70_000), "413"),
+        Case("v1 multipart, 64 PNGs of 4472×4472", lambda: multipart_images([png(4472, 4472)] * 64), "413"),
+        Case(f"v1 multipart, 4 PNGs of {side}×{side} (the request pixel budget)",
+             lambda: multipart_images([png(side, side)] * 4), "200"),
+        Case("1 MiB header value", lambda: header_value(MiB), "431"),
+        Case("64 MiB header value", lambda: header_value(64 * MiB), "431"),
+        Case("half a request line, then silence", lambda: b"GET /heal",
              f"408 after {settings.http_head_timeout_s:g} s"),
-        Case("a connection that sends nothing", lambda a: held_open(a, b""),
-             f"closed after {settings.http_idle_timeout_s:g} s"),
-        Case(f"connection {settings.http_max_connections + 1} while {settings.http_max_connections} are open",
-             lambda a: over_the_cap(a, settings.http_max_connections), "503"),
+        Case("a connection that sends nothing", lambda: b"", f"closed after {settings.http_idle_timeout_s:g} s"),
+        Case(f"connection {cap + 1} while {cap} are open", lambda: live, "503", over_the_cap(cap)),
     ]  # fmt: skip
 
 
@@ -204,9 +212,10 @@ def run(address: tuple[str, int], model: str, settings: Settings) -> list[str]:
     thread.start()
     rows = [f"{'case':<62} {'expected':>20} {'got':>6} {'answered in':>12} {'liveness max':>13}"]
     for case in cases(model, settings):
+        payload = case.payload()
         time.sleep(0.2)  # probes before the case
         start = time.perf_counter()
-        status, seconds = case.send(address)
+        status, seconds = case.send(address, payload)
         end = time.perf_counter()
         time.sleep(0.1)
         got = str(status) if status is not None else "closed"
