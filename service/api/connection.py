@@ -169,9 +169,11 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def body_timed_out(self) -> None:
         self.read_timer = None
         timeout = self.limits.body_timeout_s
+        answered = self.cycle is None or self.cycle.response_started  # the route answered without the whole body
         self.refuse(
             Refusal(408, "body_timeout", f"request body not complete within {timeout:g} s "
-                    f"({env_name('http_body_timeout_s')})")
+                    f"({env_name('http_body_timeout_s')})"),
+            answer=not answered,
         )  # fmt: skip
 
     def cancel_read_timer(self) -> None:
@@ -179,15 +181,17 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
             self.read_timer.cancel()
             self.read_timer = None
 
-    def refuse(self, refusal: Refusal) -> None:
-        """Answer `refusal` (unless a response is being written on this connection) and close the connection."""
+    def refuse(self, refusal: Refusal, answer: bool = True) -> None:
+        """Answer `refusal` (with `answer`, unless a response is being written on this connection) and close the
+        connection."""
         self.cancel_read_timer()
         self.head_bytes, self.body_pending = None, False
         logger.debug("refused a connection from %s: %s", self.client, refusal.message)
         self.limits.refused(refusal.reason)
         if self.transport.is_closing():
             return
-        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+        writing = self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete
+        if answer and not writing:
             body = json.dumps({"error": refusal.message, "type": refusal.reason}).encode()
             head = [STATUS_LINE[refusal.status]]
             head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]

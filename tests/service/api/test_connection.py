@@ -188,3 +188,11 @@ def test_a_body_sent_too_slowly_is_refused_408(model_repository: Path) -> None:
             time.sleep(0.2)
             sock.sendall(b"}\r\n")
             assert sock.recv(65536).startswith(b"HTTP/1.1 400 ")
+
+
+def test_a_slow_body_after_the_route_answered_only_closes_the_connection(model_repository: Path) -> None:
+    """The route answered (415, without reading the body): the late body's timeout closes, adding no second answer."""
+    with serving(model_repository, http_body_timeout_s=0.5) as address:
+        head = b"POST /v1/classify HTTP/1.1\r\nHost: test\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\n"
+        answer, seconds = exchange(address, head + b"abc")
+        assert answer.startswith(b"HTTP/1.1 415 ") and answer.count(b"HTTP/1.1 ") == 1 and seconds < 3.5
