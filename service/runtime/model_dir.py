@@ -46,7 +46,16 @@ class TensorSpec(BaseModel):
 
 
 class InputSpec(TensorSpec):
-    range: tuple[float, float] = (0.0, 1.0)
+    range: tuple[float, float] = Field(
+        default=(0.0, 1.0), description="[low, high]: the values the model takes; the service refuses others"
+    )
+
+    @model_validator(mode="after")
+    def _ordered_range(self) -> InputSpec:
+        low, high = self.range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"input range must be two finite numbers, low < high, got {list(self.range)}")
+        return self
 
 
 class OutputSpec(TensorSpec):

@@ -7,11 +7,10 @@ import socket
 
 import pytest
 import uvicorn
-from fastapi import FastAPI
 
 from service.api.coalesce import CoalescingHttpToolsProtocol, HeadHoldingTransport
 from service.core.config import Settings
-from service.main import serve
+from service.main import create_app, serve
 
 
 class RecordingTransport:
@@ -104,5 +103,6 @@ def test_the_server_runs_on_the_coalescing_protocol(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(uvicorn.Server, "run", run)
     with pytest.raises(SystemExit):  # the recording run never starts the server: serve() exits 1, as it says
-        serve(Settings(port=0, grpc_port=0), FastAPI())
-    assert seen["http"] is CoalescingHttpToolsProtocol
+        settings = Settings(port=0, grpc_port=0)
+        serve(settings, create_app(settings))
+    assert isinstance(seen["http"], type) and issubclass(seen["http"], CoalescingHttpToolsProtocol)

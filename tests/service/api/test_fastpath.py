@@ -31,7 +31,7 @@ COMPARED_HEADERS = ("content-type", "content-length", "www-authenticate", "retry
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths whose images the fast path read (`FastPath.read`): it answers them itself unless reading fails."""
+    """The paths whose images the fast path read (`FastPath.read`): it answers them itself, client errors too."""
     answered: list[str] = []
     original = fastpath.FastPath.read
 

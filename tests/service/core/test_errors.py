@@ -462,12 +462,14 @@ def test_decode_rejects_nan(client: TestClient) -> None:
 
 
 def test_unknown_route_and_method(client: TestClient) -> None:
-    assert result(client.get("/v1/nothing")) == error(404, "no route GET /v1/nothing", "not_found")
+    assert result(client.get("/v1/nothing")) == error(
+        404, "no route for GET at this path; see /docs for the routes", "not_found"
+    )
     r = client.get("/v1/classify")
-    assert result(r) == error(405, "method GET is not allowed on /v1/classify; use POST", "method_not_allowed")
+    assert result(r) == error(405, "method GET is not allowed at this path; use POST", "method_not_allowed")
     assert r.headers["allow"] == "POST"
     r = client.post("/v1/models")
-    assert result(r) == error(405, "method POST is not allowed on /v1/models; use GET", "method_not_allowed")
+    assert result(r) == error(405, "method POST is not allowed at this path; use GET", "method_not_allowed")
     assert r.headers["allow"] == "GET"
 
 

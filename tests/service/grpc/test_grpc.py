@@ -404,6 +404,8 @@ def test_bearer_token_guards_inference_not_health(model_repository: Path) -> Non
                     "missing or invalid bearer token: send 'authorization: Bearer <token>'",
                 )
             assert error_of(lambda: c.get_server_metadata())[0] == "StatusCode.UNAUTHENTICATED"
+            assert c.is_server_live() and c.is_server_ready()  # the protocol's health, open as REST's /v2/health/*
+            assert error_of(lambda: c.is_model_ready(TINY))[0] == "StatusCode.UNAUTHENTICATED"
             good = {"authorization": "Bearer s3cret"}
             assert c.infer(TINY, [image_input()], headers=good).as_numpy("lengths").shape == (3, 10)
             assert c.is_server_ready(headers=good)
