@@ -32,6 +32,7 @@ FEATURE_TAILS: dict[str, Tail] = {  # each feature and the way it points away fr
 }
 GAUSSIAN_FEATURES = {"pose_distance": "poses", "scores_distance": "scores"}  # feature -> the output it measures
 UNUSUAL = 0.01  # a part whose value fewer than this share of reference digits reach is called unusual
+SOMEWHAT = 0.1  # ... and below this share, somewhat unusual
 PART_WORDS = {  # what a high surprise of each feature means, in a user's words ({label}: the predicted class)
     "distance": "the reconstruction from the {label} capsule does not redraw the image",
     "relative_distance": "the reconstruction from the {label} capsule misses much of the ink",
@@ -216,10 +217,13 @@ class OODPart:
 
     def says(self, label: str) -> str:
         """The part in a user's words, e.g. "the pose is unlike any 4 in training: 0.02% of training digits are
-        as far" or, when at least UNUSUAL of them are, that it is as for digits."""
+        as far"; below SOMEWHAT "..., somewhat: 4.00% ..."; else that it is as for digits."""
         share = f"{self.tail_share:.2%}" if self.tail_share >= 0.0001 else "under 0.01%"
+        words = PART_WORDS[self.name].format(label=label)
         if self.tail_share < UNUSUAL:
-            return f"{PART_WORDS[self.name].format(label=label)}: {share} of training digits are as extreme"
+            return f"{words}: {share} of training digits are as extreme"
+        if self.tail_share < SOMEWHAT:
+            return f"{words}, somewhat: {share} of training digits are as extreme"
         return f"{self.name.replace('_', ' ')} as for digits: {share} of training digits are as extreme"
 
 

@@ -95,6 +95,11 @@ def test_the_score_is_the_combiners_weighted_sum_of_surprises_and_the_parts_add_
 def test_the_parts_speak_in_words() -> None:
     unusual = OODPart("pose_distance", 9.0, 0.0002, 17.0)
     assert unusual.says("4") == "the pose is unlike any 4 in training: 0.02% of training digits are as extreme"
+    somewhat = OODPart("relative_distance", 0.66, 0.0149, 2.8)
+    assert somewhat.says("4") == (
+        "the reconstruction from the 4 capsule misses much of the ink, somewhat: "
+        "1.49% of training digits are as extreme"
+    )
     usual = OODPart("margin", 0.5, 0.4, 0.9)
     assert usual.says("4") == "margin as for digits: 40.00% of training digits are as extreme"
     assert OODPart("ink", 1.0, 1e-6, 1.0).says("7").endswith("under 0.01% of training digits are as extreme")
