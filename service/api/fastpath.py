@@ -132,21 +132,22 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         (operation, name), (model, card, content_type) = target, served
-        messages = await self.read_body(receive)
-        batch = await self.read(scope, messages, content_type, card)
-        if batch is None:  # a client error: the route answers it, from the same body
-            await self.app(scope, replay(messages, receive), send)
-            return
-        scope["route"] = self.templates[operation, name is not None]
-        scope["path_params"] = {} if name is None else {"name": name}
-        try:
-            outputs = await model.infer(batch.array, alone=self.alone())
-        except ServiceError as e:
-            await service_error_response(scope["method"], scope["path"], e)(scope, receive, send)
-            return
-        body = OPERATIONS[operation].result(card, batch, outputs).model_dump_json(by_alias=True).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": json_headers(len(body))})
-        await send({"type": "http.response.body", "body": body})
+        with model.lease():  # a swap meanwhile lets this request finish on the version it looked up
+            messages = await self.read_body(receive)
+            batch = await self.read(scope, messages, content_type, card)
+            if batch is None:  # a client error: the route answers it, from the same body
+                await self.app(scope, replay(messages, receive), send)
+                return
+            scope["route"] = self.templates[operation, name is not None]
+            scope["path_params"] = {} if name is None else {"name": name}
+            try:
+                outputs = await model.infer(batch.array, alone=self.alone())
+            except ServiceError as e:
+                await service_error_response(scope["method"], scope["path"], e)(scope, receive, send)
+                return
+            body = OPERATIONS[operation].result(card, batch, outputs).model_dump_json(by_alias=True).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": json_headers(len(body))})
+            await send({"type": "http.response.body", "body": body})
 
     def target(self, scope: Scope) -> tuple[str, str | None] | None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["query_string"] or scope.get("root_path"):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import grpc
 
 from service.core.errors import (
+    Forbidden,
     InferenceTimeout,
     InvalidInput,
     ModelCapabilityError,
+    ModelLoadFailed,
     ModelNotFound,
     PayloadTooLarge,
     ServiceError,
@@ -20,6 +22,8 @@ STATUS_CODES: dict[type[ServiceError], grpc.StatusCode] = {
     UnsupportedMediaType: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
     ModelCapabilityError: grpc.StatusCode.FAILED_PRECONDITION,
+    ModelLoadFailed: grpc.StatusCode.FAILED_PRECONDITION,
+    Forbidden: grpc.StatusCode.PERMISSION_DENIED,
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
     InferenceTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
