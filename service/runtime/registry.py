@@ -217,9 +217,9 @@ class ModelRegistry:
             if entry is None and not draining:
                 rows.append(IndexRow(name, "", UNAVAILABLE, "unloaded"))
                 continue
-            if entry is not None:
-                rows.extend(self._entry_rows(entry))
-            rows.extend(IndexRow(name, m.version, UNLOADING, "draining") for m in draining)
+            found = self._entry_rows(entry) if entry is not None else []
+            found += [IndexRow(name, m.version, UNLOADING, "draining") for m in draining]
+            rows.extend(found or [IndexRow(name, "", UNAVAILABLE, (entry.error if entry else None) or "unloaded")])
         return [r for r in rows if r.state == READY] if ready_only else rows
 
     @staticmethod
