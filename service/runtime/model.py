@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import dataclasses
 import enum
+import gc
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,24 @@ class RuntimeOptions:
     warmup_runs: int
     policy: BatchingPolicy
     parallel_runs: int = 1  # > 1 on the CPU: each graph gets a single-thread session too (`RunSlots`)
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+MALLOC_TRIM = _libc_malloc_trim()
+
+
+def release_memory() -> None:
+    """Collect the dropped sessions and hand glibc's free heap pages back to the system: without it, the RSS of a
+    process that loads and unloads models keeps the high-water mark of every load (docs/model-management.md)."""
+    gc.collect()
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
 
 
 def _runner(session: ort.InferenceSession, output_names: list[str]) -> RunFn:
@@ -229,6 +250,7 @@ class ServedModel:
         await self.close()
         self._drop_sessions()
         self.state = ModelState.UNLOADED
+        await asyncio.get_running_loop().run_in_executor(None, release_memory)
 
     def _drop_sessions(self) -> None:
         self._batchers, self._runners, self._narrow = {}, {}, {}

@@ -71,14 +71,16 @@ def _ready_or_missing(client: triton.InferenceServerClient, name: str) -> bool:
 def test_repository_calls_need_the_admin_scope_and_a_control_mode(model_repository: Path, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("reader\nboss admin\n")
-    with grpc_target(model_repository, model_control="poll", auth_tokens_file=tokens) as target:
-        with triton.InferenceServerClient(target) as client:
-            for token, expected in ((None, "UNAUTHENTICATED"), ("reader", "PERMISSION_DENIED")):
-                headers = {"authorization": f"Bearer {token}"} if token else None
-                status, _ = failure(lambda h=headers: client.get_model_repository_index(headers=h))
-                assert status == f"StatusCode.{expected}"
-            boss = {"authorization": "Bearer boss"}
-            assert (TINY, "1", "READY") in index(client, headers=boss)
-            status, message = failure(lambda: client.unload_model(TINY, headers=boss))  # poll: the folder decides
-            assert status == "StatusCode.PERMISSION_DENIED" and "CAPSNET_MODEL_CONTROL=explicit" in message
-            assert client.is_model_ready(TINY, headers={"authorization": "Bearer reader"})
+    with (
+        grpc_target(model_repository, model_control="poll", auth_tokens_file=tokens) as target,
+        triton.InferenceServerClient(target) as client,
+    ):
+        for token, expected in ((None, "UNAUTHENTICATED"), ("reader", "PERMISSION_DENIED")):
+            headers = {"authorization": f"Bearer {token}"} if token else None
+            status, _ = failure(lambda h=headers: client.get_model_repository_index(headers=h))
+            assert status == f"StatusCode.{expected}"
+        boss = {"authorization": "Bearer boss"}
+        assert (TINY, "1", "READY") in index(client, headers=boss)
+        status, message = failure(lambda: client.unload_model(TINY, headers=boss))  # poll: the folder decides
+        assert status == "StatusCode.PERMISSION_DENIED" and "CAPSNET_MODEL_CONTROL=explicit" in message
+        assert client.is_model_ready(TINY, headers={"authorization": "Bearer reader"})
