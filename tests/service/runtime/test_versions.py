@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -166,8 +167,9 @@ def test_poll_loads_new_versions_reloads_changed_cards_and_unloads_removed(
 
 
 def test_a_request_holding_the_old_version_finishes_on_it_before_it_is_released(
-    make_client: Any, model_repository: Path, tmp_path: Path
+    make_client: Any, model_repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="service.runtime.registry")
     root = versioned(tmp_path, model_repository, ("1",))
     client = make_client(root, model_control="explicit", load_models=[TINY])
     registry = client.app.state.registry
@@ -189,3 +191,12 @@ def test_a_request_holding_the_old_version_finishes_on_it_before_it_is_released(
     assert 'capsnet_model_ready{model="tiny",version="2"} 1.0' in metrics
     assert 'capsnet_model_ready{model="tiny",version="1"}' not in metrics
     assert 'capsnet_model_load_seconds_count{model="tiny"} 2.0' in metrics
+    events = [r.getMessage().split(" seconds=")[0] for r in caplog.records if r.getMessage().startswith("lifecycle")]
+    assert events == [
+        "lifecycle event=load_started model=tiny version=1 path=1",
+        "lifecycle event=loaded model=tiny version=1",
+        "lifecycle event=load_started model=tiny version=2 path=2",
+        "lifecycle event=loaded model=tiny version=2",
+        "lifecycle event=draining model=tiny version=1 requests=1",  # the lease held
+        "lifecycle event=unloaded model=tiny version=1",
+    ]
