@@ -143,7 +143,10 @@ async def drive(base: str, root: Path, args: argparse.Namespace) -> tuple[Tally,
         "inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": image.ravel().tolist()}]
     }
     tally, stop = Tally(), [False]
-    limits = httpx.Limits(max_connections=2 * args.concurrency + 4)
+    # Idle connections are closed by the client well before uvicorn's 5 s keep-alive timeout closes them: a request
+    # sent on a connection the server is closing at that moment fails with a ReadError that says nothing about
+    # the swap (two runs with httpx's default 5 s expiry lost 0 and 3 requests that way).
+    limits = httpx.Limits(max_connections=2 * args.concurrency + 4, keepalive_expiry=1.0)
     events: list[tuple[float, str, int, float]] = []
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
         workers = [
