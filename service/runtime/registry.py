@@ -68,7 +68,8 @@ class ModelEntry:
         self.name = name
         self.versions: dict[str, ServedModel] = {}
         self.loading: dict[str, ServedModel] = {}
-        self.rejected: dict[str, tuple[ServedModel, str]] = {}  # version -> (failed reload, its card's sha256)
+        self.rejected: dict[str, ServedModel] = {}  # version -> a failed reload of a version that kept serving
+        self.failed_stamps: dict[str, str] = {}  # version -> the files' stamp when its last load failed
         self.error: str | None = None  # the model folder's problem (a malformed version policy)
 
     def newest_first(self) -> list[ServedModel]:
@@ -229,7 +230,7 @@ class ModelRegistry:
             reason = "" if model.serving else (model.error or "")
             rejected = entry.rejected.get(model.version)
             if rejected is not None:
-                reason = f"a reload failed: {rejected[0].error}; the version loaded before keeps serving"
+                reason = f"a reload failed: {rejected.error}; the version loaded before keeps serving"
             if entry.error:
                 reason = f"{reason}; {entry.error}" if reason else entry.error
             rows.append(IndexRow(entry.name, model.version, READY if model.serving else UNAVAILABLE, reason))
@@ -262,24 +263,25 @@ class ModelRegistry:
         wanted = source.selected()
         failed = []
         for version in wanted:
-            sha = source.versions[version].card_sha256
+            disk = source.versions[version]
             have = entry.versions.get(version)
-            rejected = entry.rejected.get(version)
-            if have is not None and have.card_sha256 == sha and (have.ready or not retry_failed):
-                continue
-            if rejected is not None and rejected[1] == sha and not retry_failed:
-                continue
+            if have is not None and have.ready and have.card_sha256 == disk.card_sha256:
+                continue  # serving, card unchanged
+            if not retry_failed and entry.failed_stamps.get(version) == disk.stamp:
+                continue  # failed with these very files: wait until they change
             new = await self._load_version(entry, source, version)
             if new.ready:
                 entry.rejected.pop(version, None)
+                entry.failed_stamps.pop(version, None)
                 entry.versions[version] = new
                 if have is not None and have.state is not ModelState.FAILED:
                     log_event("swapped", name, version, reason="card changed")
                     self._retire(have)
             else:
                 failed.append(new)
+                entry.failed_stamps[version] = disk.stamp
                 if have is not None and have.ready:
-                    entry.rejected[version] = (new, sha)
+                    entry.rejected[version] = new
                 else:
                     entry.versions[version] = new
         self._retire_unwanted(entry, source, wanted)
@@ -299,6 +301,8 @@ class ModelRegistry:
                 del entry.versions[version]
         for version in [v for v in entry.rejected if v not in entry.versions]:
             del entry.rejected[version]
+        for version in [v for v in entry.failed_stamps if v not in wanted]:
+            del entry.failed_stamps[version]
 
     async def _load_version(self, entry: ModelEntry, source: ModelSource, version: str) -> ServedModel:
         """Read, verify, load and warm one version beside whatever serves (in threads); ready or failed."""

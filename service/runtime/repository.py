@@ -98,11 +98,13 @@ def _is_version(value: object) -> bool:
 
 @dataclass(frozen=True)
 class VersionSource:
-    """One version on disk, not yet verified: its directory and the sha256 of its card (a change means reload)."""
+    """One version on disk, not yet verified: its directory, the sha256 of its card (a change means reload) and a
+    stamp of its files' names, sizes and times (a change means a failed load is worth another try)."""
 
     version: str
     path: Path
     card_sha256: str
+    stamp: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,20 @@ def card_sha256(path: Path) -> str:
         return ""
 
 
+def files_stamp(path: Path) -> str:
+    """A digest of the names, sizes and modification times of the files in `path` (nothing is read)."""
+    try:
+        files = [p for p in path.iterdir() if p.is_file()]
+        stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    except OSError:
+        return ""
+    return hashlib.sha256(repr(stats).encode()).hexdigest()
+
+
+def version_source(version: str, path: Path) -> VersionSource:
+    return VersionSource(version, path, card_sha256(path), files_stamp(path))
+
+
 def _flat_version(path: Path) -> str:
     try:
         version = read_card(path).get("version", "1")
@@ -141,11 +157,11 @@ def read_source(path: Path) -> ModelSource | None:
     """The model folder at `path`, or None when it holds neither a card nor numbered version folders."""
     if is_model_dir(path):
         version = _flat_version(path)
-        return ModelSource(path.name, path, False, versions={version: VersionSource(version, path, card_sha256(path))})
+        return ModelSource(path.name, path, False, versions={version: version_source(version, path)})
     numbered = sorted((p for p in path.iterdir() if p.is_dir() and p.name.isdigit() and is_model_dir(p)), key=str)
     if not numbered:
         return None
-    versions = {p.name: VersionSource(p.name, p, card_sha256(p)) for p in numbered}
+    versions = {p.name: version_source(p.name, p) for p in numbered}
     try:
         policy = read_policy(path)
     except ModelDirError as e:

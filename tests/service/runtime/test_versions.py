@@ -159,6 +159,15 @@ def test_poll_loads_new_versions_reloads_changed_cards_and_unloads_removed(
     while client.app.state.registry.get(TINY) is before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert client.get(f"/v1/models/{TINY}").json()["description"] == "retrained"
+    shutil.copytree(model_repository / TINY, root / TINY / "3")  # a copy caught half-way: the graph truncated
+    graph = (root / TINY / "3" / "capsnet.onnx").read_bytes()
+    (root / TINY / "3" / "capsnet.onnx").write_bytes(graph[: len(graph) // 2])
+    deadline = time.monotonic() + 30
+    while ("3", "UNAVAILABLE") not in serving() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert serving() == [("3", "UNAVAILABLE"), ("2", "READY")]  # the failed version never replaces the working one
+    (root / TINY / "3" / "capsnet.onnx").write_bytes(graph)  # the copy completes: the files changed, tried again
+    wait_for([("3", "READY")])
     r = client.post("/v2/repository/models/tiny/load")  # poll: the folder decides
     assert r.status_code == 403 and "CAPSNET_MODEL_CONTROL=explicit" in r.json()["error"]
     shutil.rmtree(root / TINY)
