@@ -8,9 +8,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import tritonclient.grpc as triton
 from fastapi.testclient import TestClient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from service.main import create_app
@@ -53,6 +55,12 @@ def test_index_load_and_unload_over_grpc(model_repository: Path, tmp_path: Path)
         shutil.copytree(model_repository / TINY, tmp_path / TINY / "2")
         client.load_model(TINY)
         assert client.get_model_metadata(TINY, as_json=True)["versions"] == ["2"]
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
+        assert health.Check(health_pb2.HealthCheckRequest(service="")).status == health_pb2.HealthCheckResponse.SERVING
+        client.unload_model(TINY)  # the default model, and no other serves: the server is no longer ready
+        assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        client.load_model(TINY)
+        assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
         status, message = failure(lambda: client.load_model("../etc"))
         assert status == "StatusCode.INVALID_ARGUMENT" and message.startswith("'../etc' is not a model name")
         status, message = failure(lambda: client.load_model("nope"))
