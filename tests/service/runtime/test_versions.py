@@ -189,6 +189,11 @@ def test_a_request_holding_the_old_version_finishes_on_it_before_it_is_released(
         assert client.post(f"/v2/repository/models/{TINY}/load").status_code == 200
         assert registry.get(TINY).version == "2" and old.state is ModelState.UNLOADING
         assert [r["state"] for r in client.post("/v2/repository/index").json()] == ["READY", "UNLOADING"]
+        ready = client.post("/v2/repository/index", json={"ready": True}).json()
+        assert ready == [{"name": TINY, "version": "2", "state": "READY", "reason": ""}]
+        r = client.post("/v2/repository/index", json={"ready": True, "models": []})
+        assert r.status_code == 400
+        assert r.json()["error"] == "invalid request body: models: Extra inputs are not permitted"
         assert client.portal.call(old.infer, images)["lengths"].shape == (1, 10)  # still served by version 1
     deadline = time.monotonic() + 10
     unloaded = 'capsnet_model_unloads_total{model="tiny"} 1.0'
