@@ -354,7 +354,8 @@
     setStatus("Classifying…");
     let data;
     try {
-      const params = model.ood_calibrated ? { include_input: "true", include_ood_parts: "true" } : { include_input: "true" };
+      const params = { include_input: "true" };
+      if (model.ood_calibrated) params.include_ood_parts = "true"; // the not-a-digit score's parts, shown in words
       data = await (await api(modelPath("capsules", params), { method: "POST", body: form })).json();
     } catch (e) {
       if (state.source === source) resetResults();
