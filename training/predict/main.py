@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             label_column=args.label_column,
             limit=args.limit,
             overwrite=args.overwrite,
+            actors=args.parallel_runs,
         )
         print(f"wrote {rows} rows to {args.out} with Ray Data")
         return 0

@@ -59,10 +59,16 @@ def test_rows_equal_the_service_s_answers_bit_for_bit(
 
     # the exact floats: the same model inputs through the Open Inference Protocol, which does not round
     body: dict[str, Any] = {
-        "inputs": [{"name": "image", "shape": [len(inputs), 1, 28, 28], "datatype": "FP32",
-                    "data": inputs.reshape(-1).tolist()}],
+        "inputs": [
+            {
+                "name": "image",
+                "shape": [len(inputs), 1, 28, 28],
+                "datatype": "FP32",
+                "data": inputs.reshape(-1).tolist(),
+            }
+        ],
         "outputs": [{"name": "lengths"}, {"name": "poses"}],
-    }  # fmt: skip
+    }
     v2 = client.post(f"/v2/models/{name}/infer", json=body)
     assert v2.status_code == 200, v2.text
     outputs = {o["name"]: np.asarray(o["data"], np.float32) for o in v2.json()["outputs"]}
