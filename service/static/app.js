@@ -667,6 +667,16 @@
     requestExplain();
   }
 
+  // ---- images sent by other views (pose-space.js) ----------------------------------------------------
+
+  function onImageEvent(event) {
+    const { blob, name } = event.detail;
+    state.source = { kind: "file", blob, name };
+    $("file-input").value = "";
+    previewFile(blob);
+    requestClassify();
+  }
+
   // ---- wiring -----------------------------------------------------------------------------------
 
   function init() {
@@ -689,6 +699,7 @@
     $("recon-class").addEventListener("change", onReconClass);
     $("reset-button").addEventListener("click", resetSliders);
     $("explain-class").addEventListener("change", onExplainClass);
+    document.addEventListener("capsnet:image", onImageEvent);
     loadModels();
   }
 
