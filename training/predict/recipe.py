@@ -30,10 +30,16 @@ def load(predictions: Path) -> Any:
     return pd.concat([df.drop(columns=["pose"]), poses], axis=1)
 
 
-def ink_correlations(df: Any) -> Any:
-    """(classes × pose dimensions) Pearson r between each pose dimension and ink, per predicted class."""
+def ink_correlations(df: Any, min_images: int = 2) -> Any:
+    """(classes × pose dimensions) Pearson r between each pose dimension and ink, per predicted class with at least
+    `min_images` images (a ValueError when none has)."""
     dims = [c for c in df.columns if c.startswith("d") and c[1:].isdigit()]
-    return df.groupby("predicted_label")[[*dims, "ink"]].corr()["ink"].unstack()[dims]
+    counts = df["predicted_label"].value_counts()
+    df = df[df["predicted_label"].isin(counts[counts >= min_images].index)]
+    if df.empty:
+        raise ValueError(f"no predicted class has {min_images} images")
+    r = df.groupby("predicted_label")[[*dims, "ink"]].corr()["ink"].unstack()[dims]
+    return r.fillna(0.0)  # a dimension constant within a class: no correlation
 
 
 def decoder_sweep(model: Path, row: Any, dim: int, klass: int) -> np.ndarray:
@@ -106,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("docs/batch-predict-thickness.png"),
         help="the figure (default: docs/batch-predict-thickness.png)",
     )
+    p.add_argument("--min-images", type=int, default=20, help="classes with fewer images are left out (default: 20)")
     args = p.parse_args(argv)
     df = load(args.predictions)
-    r = ink_correlations(df)
+    r = ink_correlations(df, args.min_images)
     strongest = r.abs().idxmax(axis=1)
     for label in r.index:
         column = strongest[label]
