@@ -68,6 +68,13 @@ def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
+def shards(items: Iterator[Item], size: int) -> Iterator[Iterator[Item]]:
+    """Consecutive runs of `size` items, each a lazy iterator (a shard's images are never all in memory): consume
+    each before asking for the next."""
+    while (first := next(items, None)) is not None:
+        yield itertools.chain([first], itertools.islice(items, size - 1))
+
+
 def run_job(source: Source, predictor: Predictor, config: JobConfig, describe: dict[str, Any]) -> JobResult:
     """Predict every item of `source` into `config.out`, skipping the shards an earlier run of the same job wrote.
 
@@ -98,7 +105,7 @@ def run_job(source: Source, predictor: Predictor, config: JobConfig, describe: d
         items = itertools.islice(items, max(0, config.limit - start))
     show = sys.stderr.isatty() if config.progress is None else config.progress
     with tqdm(total=total, initial=start, unit="img", disable=not show, dynamic_ncols=True) as bar:
-        for index, shard in enumerate(chunked(items, config.shard_size), start=done):
+        for index, shard in enumerate(shards(items, config.shard_size), start=done):
             path = config.out / part_name(index)
             rows, errors = write_shard(path, shard, predictor, config, bar)
             result.rows += rows
@@ -146,7 +153,7 @@ def finished_shards(out: Path) -> int:
 
 
 def write_shard(
-    path: Path, items: list[Item], predictor: Predictor, config: JobConfig, bar: tqdm[Any]
+    path: Path, items: Iterable[Item], predictor: Predictor, config: JobConfig, bar: tqdm[Any]
 ) -> tuple[int, int]:
     """Predict `items` into the shard file `path` (renamed into place when complete): (rows, error rows)."""
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
@@ -175,7 +182,7 @@ def run_when_prepared(predictor: Predictor, prepared: Future[Prepared]) -> Ran:
     return predictor.run_prepared(prepared.result())
 
 
-def predicted_batches(predictor: Predictor, items: list[Item], workers: int) -> Iterator[pa.RecordBatch]:
+def predicted_batches(predictor: Predictor, items: Iterable[Item], workers: int) -> Iterator[pa.RecordBatch]:
     """Record batches of `items` in order: images are prepared on `workers` threads while earlier batches run on the
     predictor's sessions (ONNX Runtime releases the GIL), at most a few batches in flight."""
     runs = predictor.options.parallel_runs

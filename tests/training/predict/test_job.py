@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -15,7 +17,7 @@ from training.predict import job as job_module
 from training.predict.job import JobConfig, JobError, run_job
 from training.predict.main import main
 from training.predict.predictor import PredictOptions, Predictor
-from training.predict.sources import SourceError, open_source
+from training.predict.sources import Item, SourceError, open_source
 
 from .conftest import EM, png
 
@@ -231,3 +233,41 @@ def test_runs_without_torch(idx_file: Path, dynamic_model: Path, tmp_path: Path)
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert pq.read_table(out).num_rows == 3
+
+
+class CountingSource:
+    """200 IDX-like items, counting how many have been read."""
+
+    kind = "counting"
+
+    def __init__(self, pixels: np.ndarray) -> None:
+        self.pixels, self.pulled = pixels, 0
+
+    def count(self) -> int:
+        return 200
+
+    def items(self, start: int = 0) -> Iterator[Item]:
+        for i in range(start, 200):
+            self.pulled += 1
+            yield Item(f"item#{i}", None, pixels=self.pixels[i % len(self.pixels)])
+
+
+def test_images_are_read_as_they_are_needed(
+    digits: tuple, dynamic_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = CountingSource(digits[0])
+    predictor = Predictor(dynamic_model, PredictOptions(batch_size=4, threads=1))
+    ahead = []  # images read but not yet written, at each write
+    written = [0]
+    real = pq.ParquetWriter.write_batch
+
+    def write_batch(writer: pq.ParquetWriter, batch: pa.RecordBatch, *args: Any, **kwargs: Any) -> None:
+        ahead.append(source.pulled - written[0])
+        written[0] += batch.num_rows
+        real(writer, batch, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_batch", write_batch)
+    run_job(source, predictor, JobConfig(out=tmp_path / "out", shard_size=150, workers=1, progress=False), {})
+    # at most (workers + runs + 1) batches of 4 are read ahead of the one being written, never a whole shard
+    assert written[0] == 200 and max(ahead) <= 4 * 4
+    assert pq.read_table(tmp_path / "out" / "part-00001.parquet").num_rows == 50
