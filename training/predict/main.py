@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-size",
         type=int,
-        default=256,
-        help="images per ONNX Runtime run, at most the card's serving.max_batch_size (default: 256)",
+        default=32,
+        help="images per ONNX Runtime run, at most the card's serving.max_batch_size (default: 32)",
     )
     p.add_argument(
         "--threads",

@@ -31,7 +31,7 @@ class PredictOptions:
 
     invert: bool | None = None
     normalize: bool = True
-    batch_size: int = 256
+    batch_size: int = 32
     threads: int | None = None  # intra-op threads per session; None: the service's default
     parallel_runs: int = 1  # sessions run at once, each on threads // parallel_runs threads
     all_poses: bool = False
