@@ -271,3 +271,12 @@ def test_images_are_read_as_they_are_needed(
     # at most (workers + runs + 1) batches of 4 are read ahead of the one being written, never a whole shard
     assert written[0] == 200 and max(ahead) <= 4 * 4
     assert pq.read_table(tmp_path / "out" / "part-00001.parquet").num_rows == 50
+
+
+def test_progress_shows_count_rate_and_time_left(
+    idx_file: Path, predictor: Predictor, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = JobConfig(out=tmp_path / "out", progress=True)
+    run_job(open_source(idx_file), predictor, config, {"path": str(idx_file)})
+    bar = capsys.readouterr().err.split("\r")[-1]
+    assert "12/12" in bar and "img/s" in bar and "<00:00" in bar
