@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 from service.runtime.model_dir import ModelDirError
-from training.predict.predictor import ItemError, PredictOptions, Predictor, default_threads
+from training.predict.predictor import PredictOptions, Predictor, default_threads
 from training.predict.sources import Source, SourceError, open_source
 
 EXIT_USAGE = 2
 INVERT = {"auto": None, "true": True, "false": False}
+RAY_HINT = "pip install -e '.[ray]' (from a clone) or pip install 'capsnet-serve[ray]'"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         choices=("local", "ray"),
         default="local",
-        help="local: this machine; ray: a Ray Data job on $RAY_ADDRESS or a local Ray (default: local)",
+        help="local: this machine; ray: a Ray Data job on $RAY_ADDRESS or a local Ray, one actor per "
+        "--parallel-runs, without --workers, --shard-size, --fail-fast or resumption (default: local)",
     )
-    p.add_argument("--dry-run", action="store_true", help="predict one batch, print it, write nothing")
+    p.add_argument("--dry-run", action="store_true", help="predict one batch here, print it, write nothing")
     return p
 
 
@@ -117,8 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return run(args)
-    except (SourceError, ModelDirError, ItemError, OSError) as e:
+    except (SourceError, ModelDirError, OSError) as e:
         print(f"capsnet-predict: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as e:
+        if args.engine != "ray" or (e.name or "").split(".")[0] != "ray":
+            raise
+        print(f"capsnet-predict: error: --engine ray needs Ray: {RAY_HINT}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(
@@ -135,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     max_batch = model.card.serving.max_batch_size if model.card.serving else None
     options = predict_options(args, max_batch)
     describe = {"path": os.fspath(args.input), "labels": None if args.labels is None else os.fspath(args.labels)}
-    if args.engine == "ray":
+    if args.engine == "ray" and not args.dry_run:
         from training.predict.ray_job import run_ray_job
 
         rows = run_ray_job(

@@ -280,3 +280,19 @@ def test_progress_shows_count_rate_and_time_left(
     run_job(open_source(idx_file), predictor, config, {"path": str(idx_file)})
     bar = capsys.readouterr().err.split("\r")[-1]
     assert "12/12" in bar and "img/s" in bar and "<00:00" in bar
+
+
+def test_engine_ray_without_ray_says_how_to_install_it(
+    idx_file: Path,
+    dynamic_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if it were not installed
+    args = [str(idx_file), "--model", str(dynamic_model), "--out", str(tmp_path / "out"), "--engine", "ray"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == (
+        "capsnet-predict: error: --engine ray needs Ray: pip install -e '.[ray]' (from a clone) or "
+        "pip install 'capsnet-serve[ray]'"
+    )
