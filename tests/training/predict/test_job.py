@@ -64,10 +64,18 @@ def test_tar_and_parquet_bytes_give_the_folder_s_rows(
         pa.table({"image": [f.read_bytes() for f in files], "label": [f.parent.name for f in files]}), parquet
     )
     from_parquet = predict_all(parquet, predictor, tmp_path / "pq")
-    for other in (tarred, from_parquet):
+    assert from_parquet.column("source").to_pylist()[:2] == ["images.parquet#0", "images.parquet#1"]
+    structs = tmp_path / "structs.parquet"  # Hugging Face's image feature: {bytes, path}
+    relative = [f.relative_to(image_folder).as_posix() for f in files]
+    cells = [{"bytes": f.read_bytes(), "path": r} for f, r in zip(files, relative, strict=True)]
+    pq.write_table(pa.table({"image": cells}), structs)
+    from_structs = predict_all(structs, predictor, tmp_path / "structs")
+    assert from_structs.column("source").to_pylist() == relative
+    for other in (tarred, from_parquet, from_structs):
         for name in ("scores", "poses", "ood_score", "predicted_class", "inverted"):
             assert other.column(name).equals(folder.column(name)), name  # bit for bit
     assert tarred.column("label").equals(folder.column("label"))
+    assert from_parquet.column("label").to_pylist() == [f.parent.name for f in files]
 
 
 def test_idx_and_parquet_pixels_agree(idx_file: Path, predictor: Predictor, tmp_path: Path, digits: tuple) -> None:
