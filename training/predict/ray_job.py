@@ -10,6 +10,7 @@ as on one machine. Ray retries failed tasks; there is no shard-level resume as i
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ from service.runtime.model_dir import ModelDir
 from training.predict.predictor import PredictOptions, Predictor
 from training.predict.sources import IMAGE_SUFFIXES, FolderSource, Item, SourceError, folder_label, open_source
 
-RANGE_ITEMS = 2048  # items per task for IDX, tar and Parquet inputs
+RANGE_ITEMS = 2048  # most items per task for IDX, tar and Parquet inputs
+RANGES_PER_ACTOR = 4  # fewer items per task when the input is small, so that every actor gets work
 # Ray's CPU counts are reservations: an actor that took a whole CPU per thread would leave none for the read and
 # write tasks beside it, and the pipeline would wait forever on a cluster as small as its actor pool.
 ACTOR_CPU_SHARE = 0.8
@@ -99,7 +101,7 @@ def run_ray_job(
         "image_column": image_column,
         "label_column": label_column,
     }
-    dataset = input_dataset(input_path, source, limit)
+    dataset = input_dataset(input_path, source, limit, pool)
     dataset = dataset.map_batches(
         RayPredictor,
         fn_constructor_kwargs={"model": os.fspath(model.path), "options": options, "source": source},
@@ -116,7 +118,7 @@ def run_ray_job(
     return sum(pq.ParquetFile(f).metadata.num_rows for f in sorted(out.glob("*.parquet")))
 
 
-def input_dataset(input_path: Path, source: dict[str, Any], limit: int | None) -> Any:
+def input_dataset(input_path: Path, source: dict[str, Any], limit: int | None, actors: int) -> Any:
     """Folder: the image files as Ray reads them; else ranges of items for the actors to read."""
     import ray.data
 
@@ -135,5 +137,6 @@ def input_dataset(input_path: Path, source: dict[str, Any], limit: int | None) -
         total = sum(1 for _ in opened.items())
     if limit is not None:
         total = min(total, limit)
-    ranges = [{"start": s, "count": min(RANGE_ITEMS, total - s)} for s in range(0, total, RANGE_ITEMS)]
+    size = max(1, min(RANGE_ITEMS, math.ceil(total / (actors * RANGES_PER_ACTOR))))
+    ranges = [{"start": s, "count": min(size, total - s)} for s in range(0, total, size)]
     return ray.data.from_items(ranges, override_num_blocks=max(1, len(ranges)))
