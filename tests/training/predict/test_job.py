@@ -304,3 +304,15 @@ def test_engine_ray_without_ray_says_how_to_install_it(
         "capsnet-predict: error: --engine ray needs Ray: pip install -e '.[ray]' (from a clone) or "
         "pip install 'capsnet-serve[ray]'"
     )
+
+
+def test_without_pyarrow_capsnet_predict_says_how_to_install_it() -> None:
+    from tests.training.test_entry import run_blocked
+
+    result = run_blocked("predict", "capsnet-predict", {"pyarrow"}, ["--help"])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "capsnet-predict: error: needs the batch extra (no module named 'pyarrow'): pip install -e '.[batch]' "
+        "(from a clone) or pip install 'capsnet-serve[batch]'"
+    )
+    assert run_blocked("predict", "capsnet-predict", {"torch", "ray"}, ["--help"]).returncode == 0
