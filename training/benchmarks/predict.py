@@ -19,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
-from service.runtime.model_dir import create_session, load_model_dir
+from service.contract import cpu_busy_percent, cpu_model, create_session, load_average, load_model_dir, usable_cpus
+from training.data.mnist import find_idx_file, resolve_data_dir
+from training.options import add_data_dir
 from training.predict.job import JobConfig, run_job
 from training.predict.predictor import PredictOptions, Predictor, default_threads
 from training.predict.sources import IdxSource, open_source
 
-TEST_IMAGES = "t10k-images-idx3-ubyte.gz"
+TEST_IMAGES = "t10k-images-idx3-ubyte"
 
 
 def test_images(path: Path, n: int) -> np.ndarray:
@@ -90,12 +91,7 @@ def ray_rate(model: Path, path: Path, n: int, options: PredictOptions) -> tuple[
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.benchmarks.predict", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(os.environ.get("CAPSNET_DATA_DIR", "../shared/data/mnist")),
-        help="MNIST IDX directory (default: $CAPSNET_DATA_DIR, else ../shared/data/mnist)",
-    )
+    add_data_dir(p)
     p.add_argument(
         "--model",
         type=Path,
@@ -109,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ray", action="store_true", help="also run the Ray Data job on a local Ray (default: off)")
     p.add_argument("--dry-run", action="store_true", help="256 images, one round, batch 64 only")
     args = p.parse_args(argv)
-    path = args.data_dir / TEST_IMAGES
+    path = find_idx_file(resolve_data_dir(args.data_dir), TEST_IMAGES)
     n, batches, repeats = args.images, [int(b) for b in args.batches.split(",")], args.repeats
     if args.dry_run:
         n, batches, repeats = 256, [64], 1
@@ -120,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {cpu_model()}, {usable_cpus()} usable CPUs, load average {load_average()}, "
         f"busy {cpu_busy_percent()}% before the runs"
     )
-    print(f"model {args.model.name}, {n} MNIST test images from {TEST_IMAGES}, {threads} intra-op threads")
+    print(f"model {args.model.name}, {n} MNIST test images from {path.name}, {threads} intra-op threads")
     images = test_images(path, n)
     raw = {batch: Rate() for batch in batches}
     job = Rate()

@@ -14,7 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from service.runtime.model_dir import ModelDirError
+from service.contract import ModelDirError
+from training.options import add_threads
 from training.predict.predictor import PredictOptions, Predictor, default_threads
 from training.predict.sources import Source, SourceError, open_source
 
@@ -60,11 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=32,
         help="images per ONNX Runtime run, at most the card's serving.max_batch_size (default: 32)",
     )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="intra-op threads in all (default: $OMP_NUM_THREADS, else ONNX Runtime's choice)",
+    add_threads(
+        p, "ONNX Runtime's intra-op threads in all", default_text="$OMP_NUM_THREADS, else ONNX Runtime's choice"
     )
     p.add_argument(
         "--parallel-runs",
@@ -135,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.runtime.model_dir import load_model_dir
+    from service.contract import load_model_dir
     from training.predict.job import JobConfig, JobError, run_job
 
     model = load_model_dir(args.model)

@@ -13,8 +13,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from service.imaging import ImageDecodeError, ImageLimits, array_from_pixels, decode_image, preprocess
-from service.runtime.model_dir import ModelDir, create_session, load_model_dir
+from service.contract import (
+    ImageDecodeError,
+    ImageLimits,
+    ModelDir,
+    array_from_pixels,
+    create_session,
+    decode_image,
+    load_model_dir,
+    preprocess,
+)
 from training.predict.sources import Item
 
 SCHEMA_VERSION = "1"

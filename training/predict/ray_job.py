@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from service.runtime.model_dir import ModelDir
+from service.contract import ModelDir
 from training.predict.predictor import PredictOptions, Predictor
 from training.predict.sources import IMAGE_SUFFIXES, FolderSource, Item, SourceError, folder_label, open_source
 

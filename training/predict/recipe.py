@@ -44,7 +44,7 @@ def ink_correlations(df: Any, min_images: int = 2) -> Any:
 
 def decoder_sweep(model: Path, row: Any, dim: int, klass: int) -> np.ndarray:
     """The decoder's images (len(DELTAS), H, W) of `row`'s poses with DELTAS added to dimension `dim` of `klass`."""
-    from service.runtime.model_dir import create_session, load_model_dir
+    from service.contract import create_session, load_model_dir
 
     model_dir = load_model_dir(model)
     if model_dir.decoder is None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from tests.service.api.test_explorer_browser import Server, Tab, chromium_or_skip, get_json, open_tab, wait_until
 from tests.service.conftest import EM_LIKE, write_em_like
 from tests.service.live_server import REPO_ROOT, running_server
-from tests.service.test_explorer_browser import Server, Tab, chromium_or_skip, get_json, open_tab, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
