@@ -3,6 +3,7 @@
 //                                         class, written by `python -m training.predict.pose_space` from
 //                                         capsnet-predict's Parquet output (docs/batch-predict.md)
 //   GET /static/pose-space/{model}.png    the same digits as a sprite sheet
+//   GET /static/pose-space/index.json     the models that have a projection (asked first: no 404 for the others)
 // It follows the model chosen in #model-select. Hovering a point shows its digit; clicking sends the digit to the
 // explorer as an upload (the `capsnet:image` event app.js listens to), which shows its reconstruction and sliders.
 "use strict";
@@ -11,10 +12,17 @@
   const $ = (id) => document.getElementById(id);
   const SIZE = 320; // the plot's side in SVG units
   const MARGIN = 12;
-  const SVG = "http://www.w3.org/2000/svg";
   // ten colours told apart with common colour-vision deficiencies (Tableau 10)
   const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
-  const view = { model: null, data: null, sprite: null, loading: null };
+  const view = { model: null, data: null, sprite: null, loading: null, index: null };
+
+  function projected() {
+    view.index ??= fetch("/static/pose-space/index.json")
+      .then((r) => (r.ok ? r.json() : { models: [] }))
+      .then((index) => new Set(index.models))
+      .catch(() => new Set());
+    return view.index;
+  }
 
   function notice(text) {
     const box = $("pose-space-notice");
@@ -31,8 +39,10 @@
     const loading = (view.loading = Symbol(model));
     let data = null;
     try {
-      const response = await fetch(`${base}.json`);
-      if (response.ok) data = await response.json();
+      if ((await projected()).has(model)) {
+        const response = await fetch(`${base}.json`);
+        if (response.ok) data = await response.json();
+      }
     } catch (_) {
       data = null;
     }
@@ -93,7 +103,7 @@
     const points = data.points;
     const plot = $("pose-space-plot");
     const circles = points.index.map((index, i) => {
-      const dot = document.createElementNS(SVG, "circle");
+      const dot = document.createElementNS(plot.namespaceURI, "circle");
       dot.setAttribute("cx", x(projection.x[i]).toFixed(1));
       dot.setAttribute("cy", (SIZE - y(projection.y[i])).toFixed(1));
       dot.setAttribute("r", "3.5");

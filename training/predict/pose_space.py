@@ -7,7 +7,8 @@
 
 Takes the first `--per-class` test digits of each label and every digit the model flags as not a digit (at most
 `--max-flagged`), and writes `<model>.json` (points, and per class the PCA of that class's capsule poses over all
-the points) and `<model>.png` (the digits, a sprite sheet) into `--out-dir`, where the explorer fetches them.
+the points) and `<model>.png` (the digits, a sprite sheet) into `--out-dir`, where the explorer fetches them, and
+lists the models there in `index.json`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from PIL import Image
 from training.predict.sources import IdxSource
 
 SPRITE_COLUMNS = 20
+INDEX = "index.json"
 DECIMALS = 4
 
 
@@ -130,6 +132,12 @@ def idx_pixels(images: Path, indices: list[int]) -> np.ndarray:
     return np.stack([found[i] for i in indices])
 
 
+def write_index(out_dir: Path) -> None:
+    """`index.json`: the models with a projection in `out_dir`, which the explorer asks before fetching one."""
+    models = sorted(p.stem for p in out_dir.glob("*.json") if p.name != INDEX)
+    (out_dir / INDEX).write_text(json.dumps({"models": models}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.predict.pose_space", description=__doc__.splitlines()[0])
     p.add_argument("predictions", type=Path, help="a capsnet-predict output directory written with --all-poses")
@@ -153,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     name = document["model"]
     (args.out_dir / f"{name}.json").write_text(json.dumps(document, separators=(",", ":")) + "\n")
     (args.out_dir / f"{name}.png").write_bytes(sprite)
+    write_index(args.out_dir)
     points = len(document["points"]["index"])
     print(f"wrote {args.out_dir / name}.json and .png: {points} digits, {len(document['classes'])} projections")
     return 0

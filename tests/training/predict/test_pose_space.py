@@ -55,6 +55,7 @@ def test_the_command_writes_the_view_s_files(
         == 0
     )
     assert main([str(predictions), "--images", str(idx_file), "--out-dir", str(tmp_path), "--per-class", "1"]) == 0
+    assert json.loads((tmp_path / "index.json").read_text()) == {"models": ["capsnet-mnist"]}
     document = json.loads((tmp_path / "capsnet-mnist.json").read_text())
     n = len(document["points"]["index"])
     assert document["classes"] == [str(c) for c in range(10)] and len(document["projections"]) == 10
@@ -85,7 +86,14 @@ def test_the_command_writes_the_view_s_files(
         main([str(without_poses), "--images", str(idx_file), "--out-dir", str(tmp_path)])
 
 
-@pytest.mark.parametrize("document", sorted(STATIC.glob("*.json")), ids=lambda p: p.stem)
+def test_the_index_lists_the_committed_projections() -> None:
+    listed = json.loads((STATIC / "index.json").read_text())["models"]
+    assert listed == sorted(p.stem for p in STATIC.glob("*.json") if p.name != "index.json") != []
+
+
+@pytest.mark.parametrize(
+    "document", sorted(p for p in STATIC.glob("*.json") if p.name != "index.json"), ids=lambda p: p.stem
+)
 def test_committed_projections_match_the_bundled_models(document: Path) -> None:
     view = json.loads(document.read_text())
     model = load_model_dir(REPO_ROOT / "model" / "zoo" / view["model"])
