@@ -7,7 +7,7 @@ the torch-free machine facts every benchmark records (`service/machine.py`). tes
 training module outside training/benchmarks/ imports any other service module; docs/code-layout.md says why.
 """
 
-from service.imaging import ImageLimits, array_from_pixels, array_to_png, decode_image, preprocess
+from service.imaging import ImageDecodeError, ImageLimits, array_from_pixels, array_to_png, decode_image, preprocess
 from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
 from service.runtime.model_dir import (
     CARD_FILE,
@@ -40,6 +40,7 @@ __all__ = [
     "GAUSSIAN_FEATURES",
     "GRAPH_FILE",
     "ClassGaussian",
+    "ImageDecodeError",
     "ImageLimits",
     "ModelCard",
     "ModelDir",

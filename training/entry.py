@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 OWN_PACKAGES = frozenset({"model", "training", "service"})
 INSTALL_HINT = "pip install -e '.[training]' (from a clone) or pip install 'capsnet-serve[training]'"
+BATCH_HINT = "pip install -e '.[batch]' (from a clone) or pip install 'capsnet-serve[batch]'"
 EXIT_USAGE = 2
 
 
@@ -20,14 +21,14 @@ def cli_error(prog: str, error: Exception) -> int:
     return EXIT_USAGE
 
 
-def _run(module: str, prog: str) -> int:
+def _run(module: str, prog: str, hint: str = INSTALL_HINT, extra: str = "training") -> int:
     try:
         main: Callable[[], int] = importlib.import_module(module).main
     except ModuleNotFoundError as e:
         missing = (e.name or "").split(".")[0]
         if not missing or missing in OWN_PACKAGES:
             raise
-        print(f"{prog}: error: needs the training extra (no module named {missing!r}): {INSTALL_HINT}", file=sys.stderr)
+        print(f"{prog}: error: needs the {extra} extra (no module named {missing!r}): {hint}", file=sys.stderr)
         return EXIT_USAGE
     return main()
 
@@ -50,3 +51,7 @@ def quantize() -> int:
 
 def ood() -> int:
     return _run("training.ood.calibrate", "capsnet-ood")
+
+
+def predict() -> int:
+    return _run("training.predict.main", "capsnet-predict", BATCH_HINT, "batch")

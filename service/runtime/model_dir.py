@@ -11,10 +11,12 @@ import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import onnxruntime as ort
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -185,6 +187,25 @@ class ModelCard(BaseModel):
     def ood_calibration(self) -> OODCalibration | None:
         """The parsed `ood` object (docs/model-card.md), or None when the model has not been calibrated."""
         return self._ood
+
+    def ood_inputs(
+        self, outputs: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """(scores, reconstruction, poses, routing map) of a run's outputs for the "not a digit" calibration's
+        `assess`: None for those it does not use. Raises ModelDirError when the model has no calibration."""
+        calibration = self._ood
+        if calibration is None:
+            raise ModelDirError(f"model {self.name!r} has no 'not a digit' calibration")
+
+        def role(name: str, needed: bool) -> np.ndarray | None:
+            return outputs[self.output_for(name).name] if needed else None
+
+        return (
+            outputs[self.scores.output],
+            role("reconstruction", calibration.needs_reconstruction),
+            role("poses", calibration.needs_poses),
+            role("explanation", calibration.needs_explanation),
+        )
 
     @property
     def explanation(self) -> OutputSpec | None:

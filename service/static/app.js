@@ -707,6 +707,16 @@
     requestExplain();
   }
 
+  // ---- images sent by other views (pose-space.js) ----------------------------------------------------
+
+  function onImageEvent(event) {
+    const { blob, name } = event.detail;
+    state.source = { kind: "file", blob, name };
+    $("file-input").value = "";
+    previewFile(blob);
+    requestClassify();
+  }
+
   // ---- wiring -----------------------------------------------------------------------------------
 
   function init() {
@@ -730,6 +740,7 @@
     $("recon-class").addEventListener("change", onReconClass);
     $("reset-button").addEventListener("click", resetSliders);
     $("explain-class").addEventListener("change", onExplainClass);
+    document.addEventListener("capsnet:image", onImageEvent);
     loadModels();
   }
 

@@ -186,7 +186,7 @@ def ood_scores(
     batch's inputs hold `images`, which are what the caller submitted."""
 
     def assess(inputs: np.ndarray, out: Tensors) -> tuple[np.ndarray, np.ndarray]:
-        score, accepted = calibration.assess(inputs, *ood_outputs(card, calibration, out))
+        score, accepted = calibration.assess(inputs, *card.ood_inputs(out))
         score.flags.writeable = accepted.flags.writeable = False
         return score, accepted
 
@@ -194,22 +194,6 @@ def ood_scores(
         score, accepted = outputs.batch.derived("ood", lambda inputs, out: assess(inputs[card.input.name], out))
         return score[outputs.rows], accepted[outputs.rows]
     return assess(images, outputs)
-
-
-def ood_outputs(
-    card: ModelCard, calibration: OODCalibration, out: Tensors
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-    """(scores, reconstruction, poses, routing map) for the calibration: None for those it does not use."""
-
-    def role(name: str, needed: bool) -> np.ndarray | None:
-        return out[card.output_for(name).name] if needed else None
-
-    return (
-        out[card.scores.output],
-        role("reconstruction", calibration.needs_reconstruction),
-        role("poses", calibration.needs_poses),
-        role("explanation", calibration.needs_explanation),
-    )
 
 
 def attach_ood_parts(found: Sequence[Prediction], card: ModelCard, images: np.ndarray, outputs: Tensors) -> None:
@@ -226,7 +210,7 @@ def ood_parts(card: ModelCard, images: np.ndarray, outputs: Tensors) -> list[lis
             f"model {card.name!r} has no 'not a digit' calibration (its card has no ood object), so its score has "
             "no parts; omit include_ood_parts"
         )
-    scores, *rest = ood_outputs(card, calibration, outputs)
+    scores, *rest = card.ood_inputs(outputs)
     labels = [card.classes[c] for c in scores.argmax(axis=1).tolist()]
     return [
         [OODPartV1(**vars(part), says=part.says(label)) for part in parts]

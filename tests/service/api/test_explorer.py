@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from service.api.routes import explorer
 
 STATIC = explorer.STATIC_DIR
-PAGE_FILES = ["index.html", "app.js", "style.css"]
+PAGE_FILES = ["index.html", "app.js", "pose-space.js", "style.css"]
 EXTERNAL = [
     re.compile(r"\b(?:https?|wss?|ftp):", re.IGNORECASE),  # any absolute URL
     re.compile(r"""(?:src|href|action)\s*=\s*["']?//""", re.IGNORECASE),  # protocol-relative attribute
@@ -72,6 +72,7 @@ def test_index_is_served_as_html_with_a_same_origin_policy(client: TestClient) -
     ("name", "types"),
     [
         ("app.js", ("text/javascript", "application/javascript")),
+        ("pose-space.js", ("text/javascript", "application/javascript")),
         ("style.css", ("text/css",)),
         ("index.html", ("text/html",)),
     ],
@@ -85,7 +86,7 @@ def test_assets_are_served_with_their_content_type(client: TestClient, name: str
 
 def test_every_asset_the_page_references_is_served_from_the_package(client: TestClient) -> None:
     page = parse_page()
-    assert sorted(page.assets) == ["/static/app.js", "/static/style.css"]
+    assert sorted(page.assets) == ["/static/app.js", "/static/pose-space.js", "/static/style.css"]
     for path in page.assets + [link for link in page.links if not link.startswith("#")]:
         assert path.startswith("/") and not path.startswith("//"), path
         assert client.get(path).status_code == 200, path
@@ -116,12 +117,13 @@ def test_the_page_has_an_error_region_and_a_mobile_viewport() -> None:
     assert '<html lang="en">' in html
 
 
-def test_the_script_only_uses_elements_of_the_page() -> None:
-    script = (STATIC / "app.js").read_text(encoding="utf-8")
+@pytest.mark.parametrize("name", ["app.js", "pose-space.js"])
+def test_the_script_only_uses_elements_of_the_page(name: str) -> None:
+    script = (STATIC / name).read_text(encoding="utf-8")
     used = set(re.findall(r"""\$\(\s*["']([\w-]+)["']\s*\)""", script))
-    assert used, "no $('id') lookups found in app.js"
+    assert used, f"no $('id') lookups found in {name}"
     missing = used - parse_page().ids
-    assert not missing, f"app.js looks up ids that index.html lacks: {sorted(missing)}"
+    assert not missing, f"{name} looks up ids that index.html lacks: {sorted(missing)}"
 
 
 def test_the_script_only_calls_documented_api_routes(client: TestClient) -> None:
