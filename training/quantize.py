@@ -47,6 +47,8 @@ from service.runtime.model_dir import (
     ModelDirError,
     create_session,
     load_model_dir,
+    portable_command,
+    portable_path,
 )
 from training.data import MNISTSplit, load_split, to_float
 from training.entry import cli_error
@@ -329,7 +331,7 @@ def _card(
             "name": parent["name"],
             "version": parent["version"],
             "capsnet_onnx_sha256": parent["files"][GRAPH_FILE]["sha256"],
-            "path": str(parent_dir),
+            "path": portable_path(parent_dir),
         },
         "export": {
             "onnx_opset": default_opset(proto),
@@ -504,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     name = out.resolve().name
     bounds = ParityBounds(**{f: getattr(args, f) for f in asdict(ParityBounds())})
-    command = shlex.join(["capsnet-quantize", *argv])
+    command = shlex.join(["capsnet-quantize", *portable_command(argv)])
     try:
         options = QuantizeOptions(
             calibration_images=args.calibration_images, method=args.method,

@@ -22,7 +22,7 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from service.runtime.model_dir import GRAPH_FILE, ModelDirError, create_session, load_model_dir
+from service.runtime.model_dir import GRAPH_FILE, ModelDirError, create_session, load_model_dir, portable_path
 from training.architectures import get_architecture
 from training.data import MNISTSplit, to_float
 
@@ -193,7 +193,7 @@ def warm_start(
     check_same_model(root, card, arch, model_config)
     model, card, _ = _rebuild(root, card, test)
     provenance = {
-        "path": str(model_dir),
+        "path": portable_path(model_dir),
         "name": card["name"],
         "version": card["version"],
         "capsnet_onnx_sha256": card["files"][GRAPH_FILE]["sha256"],

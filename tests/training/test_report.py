@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -45,7 +46,7 @@ from training.report import (
     speed,
 )
 from training.report import multimnist as multimnist_section
-from training.report.common import Context, Sizes
+from training.report.common import Context, Sizes, shown
 
 # --- MultiMNIST helpers ------------------------------------------------------------------------------
 
@@ -261,7 +262,9 @@ def test_report_runs_end_to_end_on_tiny_inputs(synthetic_mnist: Path, tmp_path: 
     assert {r["runtime"] for r in speed["result"]["rows"]} >= {"pytorch-eager-cpu", "onnxruntime-cpu"}
     assert [r["batch"] for r in speed["result"]["rows"][:2]] == [1, 8]
     perturbation = json.loads((out / "report" / "perturbation.json").read_text())["result"]
-    assert perturbation["model"] == str(zoo / "tiny") and perturbation["values"][0] == -0.25
+    assert perturbation["model"] == shown(zoo / "tiny") and perturbation["values"][0] == -0.25
+    for written in [out / "REPORT.md", *(out / "report").glob("*.json")]:  # the machine's paths stay out of results
+        assert not re.search(r"(?<![\w.])" + re.escape(str(tmp_path)), written.read_text()), written.name
 
     capsys.readouterr()
     stamps = {p.name: json.loads(p.read_text())["produced_at"] for p in (out / "report").glob("*.json")}

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from service.api.deps import RegistryDep, named_model
 from service.api.schemas import ErrorV1, ModelDetail, ModelList, ModelSummary
 from service.runtime.model import ServedModel
+from service.runtime.model_dir import without_machine_paths
 
 router = APIRouter(tags=["v1"])
 
@@ -20,7 +21,7 @@ def summary(model: ServedModel) -> ModelSummary:
         version=card.version if card else raw.get("version"),
         state=model.state.value,
         ready=model.ready,
-        error=model.error,
+        error=without_machine_paths(model.error),
         architecture=card.architecture if card else raw.get("architecture"),
         description=card.description if card else raw.get("description"),
         classes=card.classes if card else None,
@@ -40,5 +41,5 @@ async def list_models(registry: RegistryDep) -> ModelList:
 
 @router.get("/v1/models/{name}", summary="One model and its card", responses={404: {"model": ErrorV1}})
 async def get_model(model: Annotated[ServedModel, Depends(named_model)]) -> ModelDetail:
-    """The model's state, execution provider and its full card (`model.json`)."""
-    return ModelDetail(**summary(model).model_dump(), card=model.raw_card)
+    """The model's state, execution provider and its full card (`model.json`), without the machine's paths."""
+    return ModelDetail(**summary(model).model_dump(), card=without_machine_paths(model.raw_card))
