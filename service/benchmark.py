@@ -76,10 +76,9 @@ class HttpRow:
 
     @property
     def raw_best(self) -> float:
-        """Raw ONNX Runtime's best batched throughput alongside, the targets' reference: one session on every
-        thread at its best batch, as the issue measured it ("698–756 img/s best batched"; the served ratio then
-        0.56). Two callers on single-thread sessions (`raw_parallel_throughput`) run faster on 2 cores; that ratio
-        is printed beside it."""
+        """Raw ONNX Runtime's best batched throughput alongside, the targets' reference: one ONNX Runtime session
+        on every thread at its best batch. Two callers on single-thread sessions (`raw_parallel_throughput`) run
+        faster on 2 cores; that ratio is printed beside it."""
         return self.raw_throughput
 
 

@@ -4,7 +4,7 @@
 
 At concurrency 1 every request's Python runs right after the previous request's ONNX Runtime run, which evicts it
 from the caches (not by the weights' volume alone: the cost is about the same after the int8 model's run;
-docs/serving-performance.md, session 13): each step then runs from memory rather than from the caches it ran from a
+docs/serving-performance.md): each step then runs from memory rather than from the caches it ran from a
 moment earlier. This times the service's own steps for the benchmark's request (one PNG in a
 multipart body, `service.loadgen`) in process, each right after a batch-1 run ("cold") and again at once ("warm"):
 

@@ -207,8 +207,7 @@ class DynamicBatcher:
         `alone`: the caller knows of no other request in the service (service.api.fastpath: uvicorn has read no
         other HTTP request). A request of at most LOOP_RUN_ROWS rows then runs here, on the event loop, when no gRPC
         call is in progress, nothing is queued or running for this graph and every run slot is free: at concurrency
-        1 the hand-off to a worker thread and back cost about 0.1 ms of each request's p50
-        (docs/serving-performance.md, session 13). The loop is blocked for that one run, to which the timeout does
+        1 that spares each request the hand-off to a worker thread and back (docs/serving-performance.md). The loop is blocked for that one run, to which the timeout does
         not apply (nobody else is waiting); anything that arrives meanwhile is read right after it and, the service
         no longer idle, queued as usual.
         """
