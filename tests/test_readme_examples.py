@@ -1,4 +1,4 @@
-"""docs/api-examples.md's examples are what docs/api-examples.sh printed: the server's compact JSON, not re-serialised."""
+"""docs/api-examples.md shows what docs/api-examples.sh printed: the server's compact JSON, not re-serialised."""
 
 from __future__ import annotations
 

@@ -50,10 +50,8 @@ class ExportSpec:
         decode: (model, poses (N, K, *pose_shape), mask (N, K)) -> reconstruction (N, C, H, W);
             None when the model has no decoder (no `decoder.onnx`, the card's `decoder` is null).
         routing: the card's routing object, {"algorithm", "variant", "iterations"}.
-        scores_kind: "capsule_length" or "activation".
-        description: the card's one-line description.
-        input_shape: one image, (C, H, W).
-        serving: the card's `serving` hints for the service (e.g. {"max_batch_size": 1, "why": ...}), or None.
+        scores_kind, description: the card's "capsule_length" or "activation", and its one-line description.
+        input_shape, serving: one image, (C, H, W); the card's `serving` hints for the service, or None.
     """
 
     outputs: tuple[ExportOutput, ...]

@@ -3,15 +3,11 @@
     capsnet-quantize model/zoo/capsnet-mnist --data-dir DIR --out model/zoo/capsnet-mnist-int8
     capsnet-quantize bench model/zoo/capsnet-mnist model/zoo/capsnet-mnist-int8
 
-The first form starts from a model directory (not a checkpoint), so it re-runs whenever the float32
-bundle is replaced. ONNX Runtime's static quantizer rewrites the chosen ops (default: the two
-convolutions, which hold ~95% of the FLOPs, with the ReLU between them folded in, and the decoder's
-three Gemms inside capsnet.onnx) with int8 weights (per output channel) and uint8 activations whose
-ranges come from the calibration images; the u_hat transform, routing and squash stay float32 (the
-u_hat Einsum rewritten as a batched MatMul first, `training.quantize_rewrite`). The parent's
-decoder.onnx (the graph behind /reconstruct) is carried over unchanged in graph. The new directory is written
-only when it passes verification against its parent on the full test set (`ParityBounds`).
-The second form prints the raw ONNX Runtime throughput of two model directories, alternated in rounds.
+The first form rewrites the chosen ops (default: the convolutions, the ReLU between them and the decoder's Gemms)
+with int8 weights per output channel and uint8 activations calibrated on MNIST images, keeps routing float32, and
+writes the new directory only when it passes verification against its parent on the full test set
+(`ParityBounds`). The second prints the raw ONNX Runtime throughput of two model directories, alternated in
+rounds. Options and measurements: docs/quantization.md.
 """
 
 from __future__ import annotations
