@@ -22,7 +22,7 @@ MARKERS = ("<!-- training-table:start -->", "<!-- training-table:end -->")
 
 
 def table_markers(name: str | None) -> tuple[str, str]:
-    """The README markers of a training table: unnamed (the bundled dynamic model's) or `training-table:NAME`."""
+    """The page markers of a training table: unnamed (the bundled dynamic model's) or `training-table:NAME`."""
     if name is None:
         return MARKERS
     return f"<!-- training-table:{name}:start -->", f"<!-- training-table:{name}:end -->"
@@ -142,7 +142,7 @@ def averaged_note(history: list[dict[str, Any]]) -> str | None:
 
 
 def render(history: list[dict[str, Any]], source: str) -> str:
-    """Table plus the selections, as the README shows them."""
+    """Table plus the selections, as the docs pages show them."""
     lines = [f"Per epoch, from `{source}`:", "", render_table(history), ""]
     if note := averaged_note(history):
         lines += [note, ""]
