@@ -44,7 +44,7 @@ from service.raw_ort import (
     random_feed,
     raw_sweep,
 )
-from service.runtime.model_dir import GRAPH_FILE, ModelCard, create_session
+from service.runtime.model_dir import GRAPH_FILE, ModelCard, create_session, portable_command
 from service.runtime.repository import scan_repository
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -507,7 +507,9 @@ def main(argv: list[str] | None = None) -> None:
     batches = [int(b) for b in csv_list(args.batches)]
     concurrency = [int(c) for c in csv_list(args.concurrency)]
     result: dict[str, Any] = {
-        "command": shlex.join(["python", "-m", "service.benchmark", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(
+            ["python", "-m", "service.benchmark", *portable_command(sys.argv[1:] if argv is None else argv)]
+        ),
         "produced_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "threads": args.threads,
