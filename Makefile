@@ -40,7 +40,7 @@ serve: $(VENV)/.serve-installed
 	$(BIN)/capsnet-serve --host $(HOST) --port $(PORT)
 
 benchmark: $(VENV)/.dev-installed
-	$(BIN)/python -m training.benchmark
+	$(BIN)/python -m training.benchmarks.speed
 
 # The documentation site (mkdocs.yml, docs/): built offline and strictly into site/ (git-ignored); open site/index.html.
 docs: $(VENV)/.dev-installed

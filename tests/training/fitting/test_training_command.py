@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from training.checkpoint import training_command
+from training.fitting.checkpoint import training_command
 
 
 def test_training_command_writes_paths_relative_to_the_working_directory(
