@@ -530,7 +530,7 @@ def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: P
     assert [r["test_error"] for r in ref["history"]] == [0.02, 0.01] and ref["train_flops_per_image"] > 0
     text = baseline.render_baseline(ctx, common.save_result(ctx, "baseline", result, {}), None)
     assert "| CapsNet, last epoch (epoch 2) | 8,215,568 | 1.20 | 96 | 0.00 | 1.00% | 10,000 |" in text
-    assert f"CapsNet's curve is `{curve}` (48 training images per epoch" in text
+    assert f"CapsNet's curve is `{shown(curve)}` (48 training images per epoch" in text
     assert "The baseline's test error is on the first 32 test digits (standard error ±" in text
     assert "**What is left.** The baseline trained " in text and "so training it to convergence is left." in text
     for row in result["history"]:
