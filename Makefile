@@ -6,7 +6,7 @@ DATA_DIR ?= ../shared/data/mnist
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark image-smoke proto clean
+.PHONY: test lint typecheck pytest serve serve-install dev-install benchmark docs image-smoke proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ serve: $(VENV)/.serve-installed
 benchmark: $(VENV)/.dev-installed
 	$(BIN)/python -m training.benchmarks.speed
 
+# The documentation site (mkdocs.yml, docs/): built offline and strictly into site/ (git-ignored); open site/index.html.
+docs: $(VENV)/.dev-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # Release check of the container image (README, "Deploy"): builds the CPU image with docker or podman, runs it,
 # checks it, removes it; the last line is `image capsnet-serve:cpu NNN MB`. Needs no virtual environment.
 image-smoke:
@@ -53,4 +57,4 @@ proto: $(VENV)/.dev-installed
 		service/grpc/grpc_predict_v2.proto
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

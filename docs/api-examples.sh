@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs every curl example of the README against a real capsnet-serve on the bundled model and prints
-# each command with its output as Markdown (long arrays shortened). The README's examples come from it:
-#   bash docs/api-examples.sh                  # print
-#   bash docs/api-examples.sh --update-readme  # rewrite the README between the api-examples markers
+# Runs every curl example of docs/api-examples.md against a real capsnet-serve on the bundled models and prints
+# each command with its output as Markdown (long arrays shortened). The page's examples come from it:
+#   bash docs/api-examples.sh           # print
+#   bash docs/api-examples.sh --update  # rewrite docs/api-examples.md between the api-examples markers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${PORT:-$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
@@ -114,17 +114,18 @@ printf 'hello' >"$WORK/notes.txt"
 run curl -s -F files=@notes.txt "$H/v1/classify"
 
 exec 1>&3
-if [ "${1:-}" = "--update-readme" ]; then
-  "$BIN/python" - README.md "$OUTPUT" <<'PY'
-import re, sys
-readme, examples = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+PAGE=docs/api-examples.md
+if [ "${1:-}" = "--update" ] || [ "${1:-}" = "--update-readme" ]; then
+  "$BIN/python" - "$PAGE" "$OUTPUT" <<'PY'
+import sys
+page, examples = open(sys.argv[1]).read(), open(sys.argv[2]).read()
 start, end = "<!-- api-examples:start -->", "<!-- api-examples:end -->"
-if start not in readme or end not in readme:
-    sys.exit("README.md has no api-examples markers")
-head, rest = readme.split(start, 1)
+if start not in page or end not in page:
+    sys.exit(f"{sys.argv[1]} has no api-examples markers")
+head, rest = page.split(start, 1)
 open(sys.argv[1], "w").write(head + start + "\n" + examples + rest[rest.index(end):])
 PY
-  echo "README.md updated"
+  echo "$PAGE updated"
 else
   cat "$OUTPUT"
 fi

@@ -248,11 +248,8 @@ def em_layer(
         activations: child activations per window (B, P_out, N); beta_u, beta_a: (C_out,).
         coordinates: (N, H) added to every vote (Coordinate Addition), or None.
 
-    Returns:
-        parent activations a_j (B, P_out, C_out) and poses μ_j (B, P_out, C_out, H).
-
-    Eager training runs `FusedEMLayer`; eager inference the same vote buffers in chunks of the batch (the
-    routing of each image is independent), so memory stays bounded at any batch size; export, tracing
+    Returns parent activations a_j (B, P_out, C_out) and poses μ_j (B, P_out, C_out, H). Eager training runs
+    `FusedEMLayer`, eager inference the same buffers in chunks of the batch (bounded memory); export, tracing
     and compiling run plain tensor code (`votes_plain`, `em_routing`), the same operations.
     """
     if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling():

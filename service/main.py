@@ -187,7 +187,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="capsnet-serve",
         description="Serve every model of a model repository over HTTP (v1 API, Open Inference Protocol v2) and gRPC "
         "(Open Inference Protocol, grpc.health.v1).",
-        epilog="Every setting can also be given as a CAPSNET_* environment variable (see the README's Settings); "
+        epilog="Every setting can also be given as a CAPSNET_* environment variable (see docs/settings.md); "
         "options given here win.",
     )
     parser.add_argument("--host", help="address to bind (default: CAPSNET_HOST or 127.0.0.1)")

@@ -92,9 +92,8 @@ def parse_multipart(content_type: str, body: bytes, max_parts: int | None = None
 def single_part(boundary: bytes, body: bytes) -> Part | None:
     """The one part of the plainest body (one part; its only headers a Content-Disposition and perhaps a
     Content-Type; no preamble, padding or epilogue), found with a few `bytes.find`s; None for any other body, which
-    python-multipart then reads. Its state machine walks the part's headers a byte at a time in Python, a lone
-    request's cost that cold caches after a model run multiply (docs/serving-performance.md);
-    tests/service/api/test_multipart.py checks that whatever this returns is what python-multipart returns."""
+    python-multipart then reads (its byte-at-a-time header walk is a lone request's cost that cold caches after a
+    model run multiply: docs/serving-performance.md). Whatever this returns, python-multipart returns too (tested)."""
     opening, closing = b"--" + boundary + b"\r\n", b"\r\n--" + boundary + b"--\r\n"
     if not (body.startswith(opening) and body.endswith(closing)):
         return None

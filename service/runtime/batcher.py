@@ -1,21 +1,14 @@
 """Dynamic batching: concurrent requests for one graph are gathered into one ONNX Runtime run.
 
 A worker thread takes every request queued while the previous runs were busy (up to `max_batch_size` rows),
-optionally waits up to `max_queue_delay` for more, runs the batch and hands each caller its rows. Under load the
-batches grow by themselves; an idle service runs a lone request at once.
+optionally waits up to `max_queue_delay` for more, runs the batch and hands each caller its rows: under load the
+batches grow by themselves; an idle service runs a lone request at once. A graph with a single-thread session
+beside its wide one has a worker per run slot (`RunSlots`), one gathering at a time.
 
-A graph with a single-thread ("narrow") session beside its wide one has a worker per run slot (`RunSlots`): a
-lone batch runs on the wide session with every thread, while under load the workers run batches side by side,
-one thread each. One worker gathers at a time, so the batches still take everything queued. A request wakes the
-worker that went idle last (or none, when one is on its way back from a run), so a lone caller's runs keep one
-calling thread, and idle workers are woken only for queued requests.
-
-Requests come from any thread: coroutines on any event loop (`submit`, the HTTP routes; a batch's results go
-back to each loop in one `call_soon_threadsafe`), or threads that block (`submit_blocking`, the gRPC handlers).
-A blocking caller that finds the graph idle, nothing queued and no queue delay to wait for, runs its request
-itself rather than handing it to the worker and waiting to be woken. An event loop runs a request itself only
-when it is the service's only request (`submit(..., alone=True)`, one image, the graph and every run slot idle):
-under load the loop never waits for a run, it only queues requests and takes results.
+Requests come from coroutines on any event loop (`submit`, the HTTP routes; results go back in one
+`call_soon_threadsafe` per batch) or from threads that block (`submit_blocking`, the gRPC handlers). A blocking
+caller that finds the graph idle runs its request itself; an event loop does so only for the service's only
+request (`submit(..., alone=True)`). How this was measured: docs/serving.md.
 """
 
 from __future__ import annotations
@@ -208,11 +201,9 @@ class DynamicBatcher:
 
         `alone`: the caller knows of no other request in the service (service.api.fastpath: uvicorn has read no
         other HTTP request). A request of at most LOOP_RUN_ROWS rows then runs here, on the event loop, when no gRPC
-        call is in progress, nothing is queued or running for this graph and every run slot is free: at concurrency
-        1 the hand-off to a worker thread and back cost about 0.1 ms of each request's p50
-        (docs/serving-performance.md, session 13). The loop is blocked for that one run, to which the timeout does
-        not apply (nobody else is waiting); anything that arrives meanwhile is read right after it and, the service
-        no longer idle, queued as usual.
+        call is in progress, nothing is queued or running for this graph and every run slot is free, sparing it the
+        hand-off to a worker thread and back. The loop is blocked for that one run, to which the timeout does not
+        apply (nobody else is waiting); anything that arrives meanwhile is read right after it and queued as usual.
         """
         waiter = LoopWaiter()
         request = _Request(inputs, _rows(inputs), waiter)

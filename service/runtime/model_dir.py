@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -356,6 +357,36 @@ def write_card(path: Path, card: dict[str, Any]) -> None:
     """Write `card` as the directory's model.json (validated first, so no invalid card is ever written)."""
     parse_card(card)
     (path / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+
+
+# An absolute path inside text: a "/" that starts a word (not in a URL, "1/f" or "and/or"), then its components.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.@+-]+/)*[\w.@+-]+")
+
+
+def portable_path(path: str | os.PathLike[str]) -> str:
+    """`path` as a card records it: relative to the working directory (the checkout) when it is absolute."""
+    text = os.fspath(path)
+    return os.path.relpath(text) if os.path.isabs(text) else text
+
+
+def portable_command(argv: list[str]) -> list[str]:
+    """Command-line arguments with every absolute path (`/x`, `--opt=/x`) made relative by `portable_path`."""
+    out = []
+    for arg in argv:
+        option, sep, value = arg.rpartition("=") if arg.startswith("--") else ("", "", arg)
+        out.append(option + sep + portable_path(value) if os.path.isabs(value) else arg)
+    return out
+
+
+def without_machine_paths(value: Any) -> Any:
+    """`value` (a card, a message) with every absolute path shortened to `…/` and its last two parts."""
+    if isinstance(value, str):
+        return _ABSOLUTE_PATH.sub(lambda m: "…/" + "/".join(m.group(0).split("/")[-2:]), value)
+    if isinstance(value, dict):
+        return {k: without_machine_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_machine_paths(v) for v in value]
+    return value
 
 
 def is_model_dir(path: Path) -> bool:

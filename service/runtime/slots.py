@@ -1,18 +1,13 @@
 """The service's CPU budget for ONNX Runtime runs: one run on every intra-op thread, or several single-thread runs.
 
-A run on a 2-thread session splits each operator between its threads and ends when the slower one does; a thread
-preempted by the event loop stalls the other. Two runs at once, each on one thread, never wait for each other:
-on the 2-core development machine they infer 10-23% more images per second than one 2-thread run
-(docs/serving-performance.md). A lone run still uses every thread: alone, it finishes sooner.
-
+Two runs at once, each on one thread, never wait for each other, while a 2-thread run stalls when the event loop
+preempts one of its threads; a lone run still finishes sooner on every thread (docs/serving.md, "Parallel runs").
 So `RunSlots` hands out `slots` tokens (the intra-op threads): a run made while every slot is free, nobody else
 waits and its graph has no more work coming (nothing queued, no batch being gathered, and no request in progress
 in the service beyond the run's own) takes them all and runs on the wide session; a run made under load takes one
-slot and runs on a narrow (single-thread) session. Without the "more work" check two workers of a loaded graph
-would take turns running wide, each alone at the moment it asks. The requests in progress (`Activity`, counted by
-the HTTP and gRPC front ends) catch what the queue cannot see: under load a worker often takes everything queued
-while the next requests are still being read and decoded, and a wide run then would leave every core to it.
-One `RunSlots` serves every graph of the service.
+slot and runs on a narrow (single-thread) session. The requests in progress (`Activity`, counted by the HTTP and
+gRPC front ends) catch what the queue cannot see: requests still being read and decoded. One `RunSlots` serves
+every graph of the service.
 """
 
 from __future__ import annotations

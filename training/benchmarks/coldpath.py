@@ -2,17 +2,12 @@
 
     python -m training.benchmarks.coldpath [--model-repository DIR] [--model NAME] [--samples N]
 
-At concurrency 1 every request's Python runs right after the previous request's ONNX Runtime run, which evicts it
-from the caches (not by the weights' volume alone: the cost is about the same after the int8 model's run;
-docs/serving-performance.md, session 13): each step then runs from memory rather than from the caches it ran from a
-moment earlier. This times the service's own steps for the benchmark's request (one PNG in a
-multipart body, `training.benchmarks.loadgen`) in process, each right after a batch-1 run ("cold") and again at
-once ("warm"):
+Times the service's own steps for the benchmark's request (one PNG in a multipart body,
+`training.benchmarks.loadgen`) in process, each right after a batch-1 run ("cold") and again at once ("warm"), and
+prints medians over `--samples` rounds and their ratio, the price of the cold caches (docs/serving-performance.md):
 
 - read: the multipart body to the model's input (`images_from_body`: parsing, PNG decoding, MNIST normalization);
 - respond: the model's outputs to the JSON body (`classify_result`, with the "not a digit" score, and pydantic).
-
-The ratio is the price of the cold caches; docs/serving-performance.md uses it. Medians over `--samples` rounds.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from service.contract import (
     cpu_model,
     create_session,
     load_average,
+    portable_command,
     usable_cpus,
 )
 from service.core.config import Settings, cgroup_cpu_limit
@@ -96,10 +97,9 @@ class HttpRow:
 
     @property
     def raw_best(self) -> float:
-        """Raw ONNX Runtime's best batched throughput alongside, the targets' reference: one session on every
-        thread at its best batch, as the issue measured it ("698–756 img/s best batched"; the served ratio then
-        0.56). Two callers on single-thread sessions (`raw_parallel_throughput`) run faster on 2 cores; that ratio
-        is printed beside it."""
+        """Raw ONNX Runtime's best batched throughput alongside, the targets' reference: one ONNX Runtime session
+        on every thread at its best batch. Two callers on single-thread sessions (`raw_parallel_throughput`) run
+        faster on 2 cores; that ratio is printed beside it."""
         return self.raw_throughput
 
 
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
     concurrency = [int(c) for c in csv_list(args.concurrency)]
     result: dict[str, Any] = {
         "command": shlex.join(
-            ["python", "-m", "training.benchmarks.service", *(sys.argv[1:] if argv is None else argv)]
+            ["python", "-m", "training.benchmarks.service", *portable_command(sys.argv[1:] if argv is None else argv)]
         ),
         "produced_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),

@@ -3,18 +3,11 @@
     python -m training.benchmarks.speed [--device auto] [--train-steps 5] [--routing sabour] [--amp] [--cpu-time]
     python -m training.benchmarks.speed --arch em --ort-profile 1 32      # ONNX Runtime's time per node only
 
-Prints the machine, then training images/s at batch 128, inference images/s at batch 1 and 128, and
-ONNX Runtime's float32 inference images/s at batch 32 for the same model with the ratio training / ORT
-(a training step costs about three forward passes, so training can come close to ORT's rate).
-With --arch em it also prints `em_vs_dynamic`: EM and dynamic-routing training at batch 32 and their
-ONNX Runtime inference at batches 1..64, measured in the same run, with the ratios of the EM speed targets;
-on several cores ONNX Runtime is also timed with a caller per core sharing a single-thread session (as the
-service runs under load), and `onnx_ratio` compares each model in its faster mode (`onnx_ratio_serial`: serially).
-Those measurements alternate between the two models --rounds times (default 3) and keep each rate's best round;
-`onnx_ratio_per_round` gives each round's own ratio.
---cpu-time runs everything on one thread and divides by the process's CPU time instead of the wall clock
-(images per CPU-second: steadier than wall time on a machine other jobs share). --ort-profile prints only
-ONNX Runtime's own profile of the model's graph (one thread): each node's share of the kernel time.
+Prints one JSON object: the machine, training images/s at batch 128, inference images/s at batch 1 and 128, and
+ONNX Runtime's float32 images/s at batch 32 with the ratio training / ORT. `--arch em` adds `em_vs_dynamic`, EM
+against dynamic routing (training, and ONNX Runtime serially and with a caller per core, alternated `--rounds`
+times). `--cpu-time` divides by the process's CPU time on one thread; `--ort-profile` prints only ONNX Runtime's
+per-node profile. What the figures are on the development machine: docs/performance.md.
 """
 
 from __future__ import annotations

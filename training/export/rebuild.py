@@ -22,7 +22,7 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from service.contract import GRAPH_FILE, ModelDirError, create_session, load_model_dir
+from service.contract import GRAPH_FILE, ModelDirError, create_session, load_model_dir, portable_path
 from training.data.mnist import MNISTSplit, to_float
 from training.fitting.architectures import get_architecture
 
@@ -193,7 +193,7 @@ def warm_start(
     check_same_model(root, card, arch, model_config)
     model, card, _ = _rebuild(root, card, test)
     provenance = {
-        "path": str(model_dir),
+        "path": portable_path(model_dir),
         "name": card["name"],
         "version": card["version"],
         "capsnet_onnx_sha256": card["files"][GRAPH_FILE]["sha256"],

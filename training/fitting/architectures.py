@@ -50,10 +50,8 @@ class ExportSpec:
         decode: (model, poses (N, K, *pose_shape), mask (N, K)) -> reconstruction (N, C, H, W);
             None when the model has no decoder (no `decoder.onnx`, the card's `decoder` is null).
         routing: the card's routing object, {"algorithm", "variant", "iterations"}.
-        scores_kind: "capsule_length" or "activation".
-        description: the card's one-line description.
-        input_shape: one image, (C, H, W).
-        serving: the card's `serving` hints for the service (e.g. {"max_batch_size": 1, "why": ...}), or None.
+        scores_kind, description: the card's "capsule_length" or "activation", and its one-line description.
+        input_shape, serving: one image, (C, H, W); the card's `serving` hints for the service, or None.
     """
 
     outputs: tuple[ExportOutput, ...]
@@ -92,7 +90,7 @@ RECONSTRUCTION_WEIGHT = 0.0005  # Sabour et al. 2017 §4.1
 # EM routing learns 10x faster at 0.01 than at the 0.001 of the other architectures (docs/em-routing.md, "Training")
 EM_LEARNING_RATE = 0.01
 # EM routing's ONNX Runtime rate falls as the batch grows (its vote tensors leave the caches) and is best at batch 1
-# with the service's parallel runs (README, "Matrix capsules"): the service runs EM models one image per run.
+# with the service's parallel runs (docs/em-model.md): the service runs EM models one image per run.
 EM_SERVING = {
     "max_batch_size": 1,
     "why": "EM routing runs fastest one image per run on ONNX Runtime's CPU provider, with parallel runs "

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from service.contract import portable_command
 from training.fitting.architectures import Architecture, get_architecture
 
 CHECKPOINT_FORMAT = 1
@@ -85,8 +86,8 @@ def load_model(
 
 
 def training_command(argv: list[str]) -> list[str]:
-    """The command line as `capsnet-train …`: `python -m training.fitting.train` runs the same program."""
+    """The command line as `capsnet-train …` (`python -m training.fitting.train` is the same), paths relative."""
     program = Path(argv[0]).name if argv else "capsnet-train"
     if program in ("train.py", "__main__.py", "-m", "-c", ""):
         program = "capsnet-train"
-    return [program, *argv[1:]]
+    return [program, *portable_command(argv[1:])]

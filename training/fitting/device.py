@@ -67,7 +67,7 @@ def keep_freed_memory() -> bool:
     A training step allocates and frees the same megabyte-sized temporaries over and over. By default glibc maps
     an allocation above its mmap threshold (which it adjusts to the largest block freed so far) afresh and unmaps it
     when freed, so each such tensor is faulted in page by page, one page fault per 4 KiB, while the other threads
-    wait (the README's "Training speed" has the figures). Blocks up to 32 MiB now come from the heap, and up to
+    wait (docs/performance.md has the figures). Blocks up to 32 MiB now come from the heap, and up to
     1 GiB of free heap is kept rather than trimmed: the freed memory is what the next step needs.
 
     Returns True once both settings are made; False off Linux, or where the C library has no mallopt or refuses

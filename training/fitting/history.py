@@ -1,10 +1,10 @@
-"""A training run's per-epoch history (`metrics.jsonl`) as the README's table, with both honest selections.
+"""A training run's per-epoch history (`metrics.jsonl`) as a docs page's table, with both honest selections.
 
 `python -m training.fitting.history RUN/metrics.jsonl` prints a Markdown table (one row per epoch) and a summary of
 the two ways to pick an epoch: best by test error (as the paper reports) and best by validation error (the
 held-out 5,000 training images of `--val-split`), the latter with its test error, which is the honest
-estimate. `--update-readme README.md` writes both between the README's `training-table` markers, so the
-README's figures always come from the committed `metrics.jsonl`.
+estimate. `--update docs/training.md` writes both between the page's `training-table` markers, so the
+page's figures always come from the committed `metrics.jsonl`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ MARKERS = ("<!-- training-table:start -->", "<!-- training-table:end -->")
 
 
 def table_markers(name: str | None) -> tuple[str, str]:
-    """The README markers of a training table: unnamed (the bundled dynamic model's) or `training-table:NAME`."""
+    """The page markers of a training table: unnamed (the bundled dynamic model's) or `training-table:NAME`."""
     if name is None:
         return MARKERS
     return f"<!-- training-table:{name}:start -->", f"<!-- training-table:{name}:end -->"
@@ -142,7 +142,7 @@ def averaged_note(history: list[dict[str, Any]]) -> str | None:
 
 
 def render(history: list[dict[str, Any]], source: str) -> str:
-    """Table plus the selections, as the README shows them."""
+    """Table plus the selections, as the docs pages show them."""
     lines = [f"Per epoch, from `{source}`:", "", render_table(history), ""]
     if note := averaged_note(history):
         lines += [note, ""]
@@ -164,12 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.fitting.history", description=__doc__.split("\n\n")[0])
     parser.add_argument("metrics", type=Path, help="a run's metrics.jsonl")
     parser.add_argument(
-        "--update-readme", type=Path, metavar="README", help="rewrite README between the training-table markers"
+        "--update",
+        "--update-readme",
+        dest="update_readme",
+        type=Path,
+        metavar="PAGE",
+        help="rewrite the Markdown page PAGE between its training-table markers (e.g. docs/training.md)",
     )
     parser.add_argument(
         "--table",
         metavar="NAME",
-        help="with --update-readme: the table between the training-table:NAME markers, for a README with several "
+        help="with --update: the table between the training-table:NAME markers, for a page with several "
         "(default: the unnamed training-table markers)",
     )
     parser.add_argument(

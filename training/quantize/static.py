@@ -3,15 +3,11 @@
     capsnet-quantize model/zoo/capsnet-mnist --data-dir DIR --out model/zoo/capsnet-mnist-int8
     capsnet-quantize bench model/zoo/capsnet-mnist model/zoo/capsnet-mnist-int8
 
-The first form starts from a model directory (not a checkpoint), so it re-runs whenever the float32
-bundle is replaced. ONNX Runtime's static quantizer rewrites the chosen ops (default: the two
-convolutions, which hold ~95% of the FLOPs, with the ReLU between them folded in, and the decoder's
-three Gemms inside capsnet.onnx) with int8 weights (per output channel) and uint8 activations whose
-ranges come from the calibration images; the u_hat transform, routing and squash stay float32 (the
-u_hat Einsum rewritten as a batched MatMul first, `training.quantize.rewrite`). The parent's
-decoder.onnx (the graph behind /reconstruct) is carried over unchanged in graph. The new directory is written
-only when it passes verification against its parent on the full test set (`ParityBounds`).
-The second form prints the raw ONNX Runtime throughput of two model directories, alternated in rounds.
+The first form rewrites the chosen ops (default: the convolutions, the ReLU between them and the decoder's Gemms)
+with int8 weights per output channel and uint8 activations calibrated on MNIST images, keeps routing float32, and
+writes the new directory only when it passes verification against its parent on the full test set
+(`ParityBounds`). The second prints the raw ONNX Runtime throughput of two model directories, alternated in
+rounds. Options and measurements: docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -47,6 +43,8 @@ from service.contract import (
     ModelDirError,
     create_session,
     load_model_dir,
+    portable_command,
+    portable_path,
 )
 from training.data.mnist import MNISTSplit, load_split, to_float
 from training.entry import cli_error
@@ -330,7 +328,7 @@ def _card(
             "name": parent["name"],
             "version": parent["version"],
             "capsnet_onnx_sha256": parent["files"][GRAPH_FILE]["sha256"],
-            "path": str(parent_dir),
+            "path": portable_path(parent_dir),
         },
         "export": {
             "onnx_opset": default_opset(proto),
@@ -505,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     name = out.resolve().name
     bounds = ParityBounds(**{f: getattr(args, f) for f in asdict(ParityBounds())})
-    command = shlex.join(["capsnet-quantize", *argv])
+    command = shlex.join(["capsnet-quantize", *portable_command(argv)])
     try:
         options = QuantizeOptions(
             calibration_images=args.calibration_images, method=args.method,

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import training.report
+from service.contract import portable_command
 from training.benchmarks.machine import cpu_busy_percent
 from training.data.mnist import DATA_DIR_ENV, IDXError, resolve_data_dir
 from training.fitting.device import resolve_device
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    command = shlex.join(["python", "-m", "training.report", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "training.report", *portable_command(sys.argv[1:] if argv is None else argv)])
     with tempfile.TemporaryDirectory(prefix="capsnet-report-") as scratch:
         ctx = Context(
             out=Path(args.out), data_dir=None, zoo=Path(args.zoo), model=Path(args.model) if args.model else None,

@@ -306,9 +306,8 @@ def confusion_figure(path: Path, confusion: np.ndarray, title: str) -> None:
 
 
 def shown(path: Path) -> str:
-    """A path as the report prints it: relative to the repository when inside it."""
-    resolved = path.resolve()
-    return resolved.relative_to(REPO_ROOT).as_posix() if resolved.is_relative_to(REPO_ROOT) else str(path)
+    """A path as the report prints it: relative to the repository (`../shared/…` outside it), never absolute."""
+    return Path(os.path.relpath(path.resolve(), REPO_ROOT)).as_posix()
 
 
 def rel(ctx: Context, path: Path) -> str:

@@ -43,7 +43,7 @@ EM_MISSING = "\n".join(
     [
         "**EM routing: not yet measured.** What is missing is a trained EM-routing model directory in `model/zoo` "
         "(a card with architecture `em`): the EM network is not yet trained to a useful accuracy on this machine "
-        "(#9; docs/em-routing.md). Once a run has finished, these commands add its row and its confusion matrix "
+        "(docs/em-routing.md). Once a run has finished, these commands add its row and its confusion matrix "
         "(the first repeated until it exits 0, adding `--resume runs/capsnet-em-small/last.pt` after the first call):",
         "",
         "```bash",
@@ -160,6 +160,7 @@ def run_mnist_models(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray
 
             test = test if test is not None else ctx.split("test")
             entry["evaluation"] = evaluate_model_dir(d, test)
+            entry["evaluation"]["source"]["model"] = shown(d)
         except NotMeasured as e:
             entry["evaluation_error"] = str(e)
         except ImportError as e:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from service.api.deps import RegistryDep, named_model
 from service.api.schemas import ErrorV1, ModelDetail, ModelList, ModelSummary, VersionState
 from service.runtime.model import ServedModel
+from service.runtime.model_dir import without_machine_paths
 
 router = APIRouter(tags=["v1"])
 
@@ -21,7 +22,7 @@ def summary(model: ServedModel, versions: list[ServedModel] | None = None) -> Mo
         version=card.version if card else raw.get("version"),
         state=model.state.value,
         ready=model.ready,
-        error=model.error,
+        error=without_machine_paths(model.error),
         architecture=card.architecture if card else raw.get("architecture"),
         description=card.description if card else raw.get("description"),
         classes=card.classes if card else None,
@@ -31,7 +32,7 @@ def summary(model: ServedModel, versions: list[ServedModel] | None = None) -> Mo
         ood_calibrated=card is not None and card.ood_calibration is not None,
         execution_provider=model.provider,
         versions=[
-            VersionState(version=m.version, state=m.state.value, ready=m.serving, error=m.error)
+            VersionState(version=m.version, state=m.state.value, ready=m.serving, error=without_machine_paths(m.error))
             for m in (versions if versions is not None else [model])
         ],
     )
@@ -48,5 +49,6 @@ async def list_models(registry: RegistryDep) -> ModelList:
 
 @router.get("/v1/models/{name}", summary="One model and its card", responses={404: {"model": ErrorV1}})
 async def get_model(model: Annotated[ServedModel, Depends(named_model)], registry: RegistryDep) -> ModelDetail:
-    """The model's state, execution provider, its versions and the full card (`model.json`) of the one serving."""
-    return ModelDetail(**summary(model, registry.versions(model.name)).model_dump(), card=model.raw_card)
+    """The model's state, provider, versions and the serving one's full card (`model.json`), no machine paths."""
+    card = without_machine_paths(model.raw_card)
+    return ModelDetail(**summary(model, registry.versions(model.name)).model_dump(), card=card)

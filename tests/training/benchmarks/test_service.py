@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def test_benchmark_prints_raw_and_service_tables(
     assert [(r["model"], r["batch"]) for r in result["raw"]] == [(m, b) for m in (TINY, NO_DECODER) for b in (1, 4)]
     assert result["command"].startswith("python -m training.benchmarks.service --model-repository")
     assert result["produced_at"]
+    assert not any(os.path.isabs(arg) for arg in shlex.split(result["command"]))  # paths written relative
     cells = [(h["model"], h["kind"], h["concurrency"]) for h in result["http"]]
     assert cells == [(m, k, c) for m in (TINY, NO_DECODER) for k in ("v1-png", "v2-binary", "grpc") for c in (1, 4)]
     assert all(h["errors"] == 0 and h["throughput"] > 0 and h["raw_cpu_ms"] > 0 for h in result["http"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[CapsNet, Path]:
 def provenance(directory: Path) -> dict[str, Any]:
     card = json.loads((directory / "model.json").read_text())
     return {
-        "path": str(directory),
+        "path": os.path.relpath(directory),  # relative to the working directory: no machine path
         "name": "tiny",
         "version": card["version"],
         "capsnet_onnx_sha256": sha256_file(directory / "capsnet.onnx"),

@@ -1,4 +1,4 @@
-"""training.fitting.history: the README's training table is rendered from metrics.jsonl, with both selections."""
+"""training.fitting.history: the docs' training tables are rendered from metrics.jsonl, with both selections."""
 
 from __future__ import annotations
 
@@ -112,21 +112,21 @@ def test_cli_updates_a_readme_and_fails_in_one_line(tmp_path: Path, capsys: pyte
 
 
 @pytest.mark.parametrize(
-    "model, table",
+    "model, table, page",
     [
-        ("capsnet-mnist", None),
-        ("capsnet-mnist/from-scratch", "capsnet-mnist-from-scratch"),
-        ("capsnet-em-mnist", "capsnet-em-mnist"),
+        ("capsnet-mnist", None, "docs/training.md"),
+        ("capsnet-mnist/from-scratch", "capsnet-mnist-from-scratch", "docs/training.md"),
+        ("capsnet-em-mnist", "capsnet-em-mnist", "docs/em-model.md"),
     ],
 )
-def test_the_readme_table_is_what_the_committed_metrics_render(model: str, table: str | None) -> None:
-    """The README's training figures come from the committed metrics.jsonl, not from hand edits."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_pages_table_is_what_the_committed_metrics_render(model: str, table: str | None, page: str) -> None:
+    """The docs' training figures come from the committed metrics.jsonl, not from hand edits."""
+    text = (ROOT / page).read_text()
     source = f"docs/training/{model}/metrics.jsonl"
-    assert source in readme
-    expected = replace_between_markers(readme, render(load_history(ROOT / source), source), table_markers(table))
+    assert source in text
+    expected = replace_between_markers(text, render(load_history(ROOT / source), source), table_markers(table))
     option = f" --table {table}" if table else ""
-    assert readme == expected, f"run: python -m training.fitting.history {source} --update-readme README.md{option}"
+    assert text == expected, f"run: python -m training.fitting.history {source} --update {page}{option}"
 
 
 def test_named_tables_have_their_own_markers(tmp_path: Path) -> None:
@@ -134,6 +134,6 @@ def test_named_tables_have_their_own_markers(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     start, end = table_markers("em")
     readme.write_text(f"{MARKERS[0]}\nkept\n{MARKERS[1]}\n{start}\nold\n{end}\n")
-    assert main([str(metrics), "--update-readme", str(readme), "--table", "em"]) == 0
+    assert main([str(metrics), "--update", str(readme), "--table", "em"]) == 0
     text = readme.read_text()
     assert "kept" in text and "old" not in text and "2.00%" in text.split(start)[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def test_card_records_quantization_parent_and_both_test_errors(zoo: Path, card: 
         "name": "tiny",
         "version": parent["version"],
         "capsnet_onnx_sha256": sha256_file(zoo / "tiny" / "capsnet.onnx"),
-        "path": str(zoo / "tiny"),
+        "path": os.path.relpath(zoo / "tiny"),  # relative to the working directory: no machine path
     }
     metrics = card["metrics"]
     assert metrics["n"] == 32 and metrics["evaluated_with"] == "onnxruntime"
@@ -256,7 +257,7 @@ BUNDLED = Path(__file__).resolve().parents[3] / "model" / "zoo"
 
 @pytest.mark.skipif(not (BUNDLED / "capsnet-mnist-int8").is_dir(), reason="no bundled int8 model in model/zoo")
 def test_bundled_int8_model_matches_its_bundled_parent() -> None:
-    """Replacing the float32 bundle without re-running capsnet-quantize fails here; the README's default holds."""
+    """Replacing the float32 bundle without re-running capsnet-quantize fails here; the float32 default holds."""
     child = json.loads((BUNDLED / "capsnet-mnist-int8" / "model.json").read_text())
     parent = json.loads((BUNDLED / child["parent"]["name"] / "model.json").read_text())
     assert child["parent"]["capsnet_onnx_sha256"] == parent["files"]["capsnet.onnx"]["sha256"]

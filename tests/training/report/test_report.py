@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -46,7 +47,7 @@ from training.report import (
     speed,
 )
 from training.report import multimnist as multimnist_section
-from training.report.common import Context, Sizes
+from training.report.common import Context, Sizes, shown
 
 # --- MultiMNIST helpers ------------------------------------------------------------------------------
 
@@ -262,7 +263,9 @@ def test_report_runs_end_to_end_on_tiny_inputs(synthetic_mnist: Path, tmp_path: 
     assert {r["runtime"] for r in speed["result"]["rows"]} >= {"pytorch-eager-cpu", "onnxruntime-cpu"}
     assert [r["batch"] for r in speed["result"]["rows"][:2]] == [1, 8]
     perturbation = json.loads((out / "report" / "perturbation.json").read_text())["result"]
-    assert perturbation["model"] == str(zoo / "tiny") and perturbation["values"][0] == -0.25
+    assert perturbation["model"] == shown(zoo / "tiny") and perturbation["values"][0] == -0.25
+    for written in [out / "REPORT.md", *(out / "report").glob("*.json")]:  # the machine's paths stay out of results
+        assert not re.search(r"(?<![\w.])" + re.escape(str(tmp_path)), written.read_text()), written.name
 
     capsys.readouterr()
     stamps = {p.name: json.loads(p.read_text())["produced_at"] for p in (out / "report").glob("*.json")}
@@ -527,7 +530,7 @@ def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: P
     assert [r["test_error"] for r in ref["history"]] == [0.02, 0.01] and ref["train_flops_per_image"] > 0
     text = baseline.render_baseline(ctx, common.save_result(ctx, "baseline", result, {}), None)
     assert "| CapsNet, last epoch (epoch 2) | 8,215,568 | 1.20 | 96 | 0.00 | 1.00% | 10,000 |" in text
-    assert f"CapsNet's curve is `{curve}` (48 training images per epoch" in text
+    assert f"CapsNet's curve is `{shown(curve)}` (48 training images per epoch" in text
     assert "The baseline's test error is on the first 32 test digits (standard error ±" in text
     assert "**What is left.** The baseline trained " in text and "so training it to convergence is left." in text
     for row in result["history"]:
