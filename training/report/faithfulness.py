@@ -246,6 +246,25 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def write_report(out: Path, results: list[dict[str, Any]], args: argparse.Namespace, busy: float | None) -> None:
+    """Write the JSON and the figure; models measured before (in <out>/report/faithfulness.json) and not now stay."""
+    path = out / "report" / "faithfulness.json"
+    before = json.loads(path.read_text())["models"] if path.is_file() else []
+    measured = {r["model"] for r in results}
+    kept = [r for r in before if r["model"] not in measured]
+    order = {name: i for i, name in enumerate(DEFAULT_MODELS)}
+    models = sorted(kept + results, key=lambda r: (order.get(r["model"], len(order)), r["model"]))
+    command = f"python -m training.report.faithfulness --n {args.n} --tile {args.tile} --seed {args.seed}"
+    machine = {"processor": cpu_model(), "usable_cpus": usable_cpus(), "cpu_busy_percent_before": busy}
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    for result in results:
+        result.update(command=f"{command} --models {result['model']}", machine=machine, date=date)
+    report = {"fractions": list(FRACTIONS), "occlusion_tile": args.tile, "models": models}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    plot(models, out / "report" / "figures" / "faithfulness.png")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", help="MNIST IDX files (default: $CAPSNET_DATA_DIR)")
@@ -290,19 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(result), "\n", json.dumps(result["targets"]), "\n", flush=True)
     if args.dry_run:
         return 0
-    out = Path(args.out)
-    report = {
-        "command": "python -m training.report.faithfulness "
-        + " ".join(f"--{k} {v}" for k, v in (("n", n), ("tile", args.tile), ("seed", args.seed))),
-        "fractions": list(FRACTIONS),
-        "occlusion_tile": args.tile,
-        "machine": {"processor": cpu_model(), "usable_cpus": usable_cpus(), "cpu_busy_percent_before": busy},
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "models": results,
-    }
-    (out / "report").mkdir(parents=True, exist_ok=True)
-    (out / "report" / "faithfulness.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot(results, out / "report" / "figures" / "faithfulness.png")
+    write_report(Path(args.out), results, args, busy)
     return 0
 
 
