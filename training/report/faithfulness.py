@@ -38,6 +38,8 @@ from training.data import IDXError, load_split, to_float
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+EXPLORER_SCRIPT = REPO_ROOT / "service" / "static" / "app.js"
+EXPLORER_BLOCK = ("// faithfulness:begin", "// faithfulness:end")  # the lines around the explorer's figures
 DEFAULT_MODELS = ("capsnet-mnist", "capsnet-mnist-int8", "capsnet-em-mnist")
 FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # share of the ink removed (deletion) or shown (insertion)
 TABLE_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
@@ -262,7 +264,37 @@ def write_report(out: Path, results: list[dict[str, Any]], args: argparse.Namesp
     report = {"fractions": list(FRACTIONS), "occlusion_tile": args.tile, "models": models}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def render(out: Path, explorer: Path | None) -> None:
+    """Draw the figure from <out>/report/faithfulness.json and write its 10% figures into the explorer's script."""
+    models = json.loads((out / "report" / "faithfulness.json").read_text())["models"]
     plot(models, out / "report" / "figures" / "faithfulness.png")
+    if explorer is not None:
+        explorer.write_text(explorer_block(explorer.read_text(), models))
+
+
+def explorer_figures(result: dict[str, Any]) -> dict[str, float]:
+    """A model's mean score intact and with 10% of the ink removed by each method and at random, to 2 decimals."""
+    methods = [name for name in result["orderings"] if name != "random" and not name.endswith(" reversed")]
+    figures = {"base": result["base_score"], **{m: at(result, m, 0.1) for m in [*methods, "random"]}}
+    return {k: round(v, 2) for k, v in figures.items()}
+
+
+def js_object(figures: dict[str, float]) -> str:
+    """{"base": 0.94, "routing": 0.92} -> '{ base: 0.94, routing: 0.92 }' (names quoted where they must be)."""
+    items = [f"{k if k.isidentifier() else json.dumps(k)}: {v}" for k, v in figures.items()]
+    return "{ " + ", ".join(items) + " }"
+
+
+def explorer_block(script: str, models: list[dict[str, Any]]) -> str:
+    """`script` with the lines between EXPLORER_BLOCK's markers replaced by each model's `explorer_figures`."""
+    begin, end = EXPLORER_BLOCK
+    head, rest = script.split(begin, 1)
+    indent = head[head.rfind("\n") + 1 :]
+    _, tail = rest.split(end, 1)
+    lines = [f"{indent}{json.dumps(r['model'])}: {js_object(explorer_figures(r))}," for r in models]
+    return head + begin + "\n" + "\n".join(lines) + "\n" + indent + end + tail
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -286,6 +318,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"occlusion tile side in pixels (default: {OCCLUSION_TILE}, the service's)",
     )
     parser.add_argument("--seed", type=int, default=0, help="for random orders and tie-breaking (default: 0)")
+    parser.add_argument(
+        "--explorer",
+        default=str(EXPLORER_SCRIPT),
+        help="the explorer script whose figures to update; '' for none (default: service/static/app.js)",
+    )
+    parser.add_argument("--render-only", action="store_true", help="measure nothing: redraw from the saved JSON")
     parser.add_argument("--dry-run", action="store_true", help="8 digits, nothing written")
     return parser.parse_args(argv)
 
@@ -293,6 +331,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
+    explorer = Path(args.explorer) if args.explorer else None
+    if args.render_only:
+        render(Path(args.out), explorer)
+        return 0
     n = CHUNK if args.dry_run else args.n
     try:
         images = to_float(load_split(args.data_dir, "test").images[:n])
@@ -310,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
     write_report(Path(args.out), results, args, busy)
+    render(Path(args.out), explorer)
     return 0
 
 
