@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import ModelDep, SettingsDep
+from service.api.inputs import read_images
 from service.api.routes.inference import (
     ADDRESSES,
     DECIMALS,
@@ -24,7 +25,6 @@ from service.api.routes.inference import (
     FormatQuery,
     OptionsDep,
     check_class,
-    classify_images,
     image_2d,
     json_response,
     rounded,
@@ -42,6 +42,7 @@ from service.explanation import (
     occlusion_tiles,
     overlay_png,
 )
+from service.runtime.batcher import Tensors
 from service.runtime.card import ModelCard
 from service.runtime.model import ServedModel
 
@@ -60,33 +61,54 @@ def require_explanation(model: ServedModel) -> ModelCard:
     return card
 
 
-async def occlusion_scores(model: ServedModel, card: ModelCard, copies: np.ndarray) -> np.ndarray:
-    """The scores (M, K) of the occluded copies (M, *image_shape), through the model's batcher in chunks of at
-    most OCCLUSION_CHUNK rows (and the model's batch size), one after the other: requests that arrive meanwhile
-    queue between the chunks, or share their runs, rather than wait for the whole map."""
+async def batched_scores(model: ServedModel, card: ModelCard, images: np.ndarray) -> np.ndarray:
+    """The scores (M, K) of `images` (M, *image_shape), through the model's batcher in chunks of at most
+    OCCLUSION_CHUNK rows (and the model's batch size), one after the other: requests that arrive meanwhile queue
+    between the chunks, or share their runs, rather than wait for the whole map."""
     chunk = min(OCCLUSION_CHUNK, model.max_batch_size or OCCLUSION_CHUNK)
     parts = [np.zeros((0, len(card.classes)), np.float32)]
-    for start in range(0, len(copies), chunk):
-        outputs = await model.infer(copies[start : start + chunk])
+    for start in range(0, len(images), chunk):
+        outputs = await model.infer(images[start : start + chunk])
         parts.append(outputs[card.scores.output])
     return np.concatenate(parts)
 
 
-async def occlusion_maps(
-    model: ServedModel, card: ModelCard, images: np.ndarray, chosen: np.ndarray, base: np.ndarray
-) -> np.ndarray:
-    """Per image (N, *image_shape), the drop of its chosen class's score when each inked tile is blacked out:
-    (N, rows, columns), all images' copies scored together."""
+async def occlusion(
+    model: ServedModel, card: ModelCard, images: np.ndarray, class_index: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per image (N, *image_shape): its scores (N, K), the class explained (N,) and the drop of that class's score
+    when each inked tile is blacked out (N, rows, columns). The images and all their occluded copies are scored
+    together, the images first."""
     planes = [image_2d(card, image) for image in images]
     tiles = [occlusion_tiles(plane) for plane in planes]
     copies = np.concatenate([occluded_copies(plane, t) for plane, t in zip(planes, tiles, strict=True)])
-    scores = await occlusion_scores(model, card, copies.reshape(len(copies), *card.image_shape).astype(np.float32))
+    rows = np.concatenate([images, copies.reshape(len(copies), *card.image_shape)]).astype(np.float32, copy=False)
+    everything = await batched_scores(model, card, rows)
+    scores, occluded = everything[: len(images)], everything[len(images) :]
+    chosen = scores.argmax(axis=1) if class_index is None else np.full(len(images), class_index)
     grids, offset = [], 0
     for i, t in enumerate(tiles):
-        occluded = scores[offset : offset + len(t), chosen[i]]
+        base = float(scores[i, chosen[i]])
+        grids.append(
+            occlusion_grid(base, occluded[offset : offset + len(t), chosen[i]], t, occlusion_grid_size(card.image_size))
+        )
         offset += len(t)
-        grids.append(occlusion_grid(float(base[i]), occluded, t, occlusion_grid_size(card.image_size)))
-    return np.stack(grids)
+    return scores, chosen, np.stack(grids)
+
+
+def routing(
+    card: ModelCard, outputs: Tensors, class_index: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
+    """Per image: its scores (N, K), the class explained (N,), that class's routing map (N, rows, columns) and its
+    share of all routed vote strength."""
+    assert card.explanation is not None
+    scores, maps = outputs[card.scores.output], outputs[card.explanation.name]  # (N, K), (N, K, rows, columns)
+    n = len(scores)
+    chosen = scores.argmax(axis=1) if class_index is None else np.full(n, class_index)
+    grids = maps[np.arange(n), chosen]
+    totals = maps.reshape(n, -1).sum(axis=1)
+    share = [round(float(g.sum() / t), DECIMALS) if t > 0 else 0.0 for g, t in zip(grids, totals, strict=True)]
+    return scores, chosen, grids, share
 
 
 async def explain(
@@ -110,24 +132,19 @@ async def explain(
     takes one image and returns the heatmap in colour over the input."""
     card = require_explanation(model) if method == "routing" else model.require_ready()
     check_class(card, class_index)
-    info, images, outputs = await classify_images(request, model, card, settings, options)
+    batch = await read_images(request, card, settings, options)
+    info, images = batch.info, batch.array
     if format == "png" and len(info) != 1:
         raise InvalidInput(f"format=png returns one image but the request has {len(info)}; use format=json")
-    scores = outputs[card.scores.output]
-    predicted = scores.argmax(axis=1)
-    chosen = predicted if class_index is None else np.full_like(predicted, class_index)
-    base = scores[np.arange(len(info)), chosen]
     share: list[float | None] = [None] * len(info)
     if method == "routing":
-        assert card.explanation is not None
-        maps = outputs[card.explanation.name]  # (N, K, rows, columns)
-        grids = maps[np.arange(len(info)), chosen]  # (N, rows, columns)
-        totals = maps.reshape(len(info), -1).sum(axis=1)
-        share = [round(float(g.sum() / t), DECIMALS) if t > 0 else 0.0 for g, t in zip(grids, totals, strict=True)]
+        scores, chosen, grids, shares = routing(card, await model.infer(images), class_index)
+        share = list(shares)
         size, stride = card.receptive_field.size, card.receptive_field.stride
     else:
-        grids = await occlusion_maps(model, card, images, chosen, base)
+        scores, chosen, grids = await occlusion(model, card, images, class_index)
         size = stride = OCCLUSION_TILE
+    predicted = scores.argmax(axis=1)
     heat = [input_heatmap(g, size, stride, card.image_size) for g in grids]
     if format == "png":
         shown = heat[0] if method == "routing" else np.maximum(heat[0], 0.0)  # occlusion: the tiles the class needs
@@ -145,7 +162,7 @@ async def explain(
                     class_=int(chosen[i]),
                     label=card.classes[int(chosen[i])],
                     predicted_class=int(predicted[i]),
-                    score=round(float(base[i]), DECIMALS),
+                    score=round(float(scores[i, chosen[i]]), DECIMALS),
                     share=share[i],
                     grid=rounded(grids[i]),
                     heatmap=rounded(heat[i]),

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from service.api.routes.explain import OCCLUSION_CHUNK, occlusion_scores
+from service.api.routes.explain import OCCLUSION_CHUNK, batched_scores
 from service.explanation import METHODS, occluded_copies, occlusion_grid, occlusion_tiles
 from service.main import create_app
 from tests.conftest import REPO_ROOT
@@ -184,7 +184,7 @@ def test_occluded_copies_go_to_the_batcher_in_chunks_one_after_another(max_batch
     model = RecordingModel(max_batch)
     card = SimpleNamespace(classes=[str(k) for k in range(10)], scores=SimpleNamespace(output="scores"))
     copies = np.arange(20 * 784, dtype=np.float32).reshape(20, 1, 28, 28)
-    scores = asyncio.run(occlusion_scores(model, card, copies))  # type: ignore[arg-type]
+    scores = asyncio.run(batched_scores(model, card, copies))  # type: ignore[arg-type]
     assert model.calls == want and max(want) <= OCCLUSION_CHUNK and not model.overlapped
     np.testing.assert_array_equal(scores, copies.reshape(20, -1)[:, :10])  # every copy's scores, in order
 
