@@ -18,6 +18,7 @@ SHARED_WITH_TRAINING = {
     "service.imaging": "the service's preprocessing of uploads, which the non-digit sets must go through",
     "service.machine": "the torch-free machine facts (CPU model, load, busy share) both benchmarks record",
     "service.raw_ort": "raw ONNX Runtime timing with parallel callers, as the service runs, for both benchmarks",
+    "service.explanation": "the explanation maps: the faithfulness report measures the ones the service serves",
 }
 
 

@@ -2,10 +2,10 @@
 
     python -m training.benchmarks.explain_latency --data-dir ../shared/data/mnist [--model capsnet-mnist]
 
-Raw ONNX Runtime runs the model's graph on one test digit at a time with the service's session options; then a
-real `capsnet-serve` (the model alone, on --port) answers /v1/explain (the default method, occlusion) for the same
-digits one request at a time, and /v1/classify alone and while an explain client keeps the model busy. Prints the
-p50s, their ratio and the machine.
+Raw ONNX Runtime runs the model's graph on one test digit at a time with the service's thread count, alternating
+with a real `capsnet-serve` (the model alone, on --port) answering /v1/explain (the default method, occlusion) for
+the same digits one request at a time; then /v1/classify alone and while an explain client keeps the model busy.
+Prints the p50s, their ratio and the machine.
 """
 
 from __future__ import annotations
@@ -13,35 +13,84 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import platform
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
-from service.benchmark import machine, start_server
-from service.core.config import default_intra_op_threads
 from service.explanation import occlusion_tiles
+from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
 from service.raw_ort import percentile_ms
 from service.runtime.model_dir import GRAPH_FILE, create_session, load_model_dir
 from training.data import load_split, to_float
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET_RATIO = 30.0  # explain's p50 at most this many raw batch-1 runs
+ROUND = 10  # raw runs, then explain requests, alternately
 
 
-def raw_latencies(model_dir: Path, images: np.ndarray, runs: int) -> list[float]:
-    """Seconds per batch-1 run of the model's graph, cycling through `images` (N, 1, H, W)."""
+def machine() -> dict[str, Any]:
+    return {
+        "cpu": cpu_model(),
+        "cpus_usable": usable_cpus(),
+        "load_average": load_average(),
+        "cpu_busy_percent_before": cpu_busy_percent(),
+        "platform": platform.platform(),
+        "onnxruntime": ort.__version__,
+    }
+
+
+@contextmanager
+def running_service(repository: Path, port: int, default_model: str) -> Iterator[None]:
+    """`capsnet-serve` over `repository` on 127.0.0.1:`port`, ready, and stopped afterwards."""
+    command = [sys.executable, "-m", "service.main", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0"]
+    command += ["--model-repository", str(repository), "--log-level", "warning"]
+    env = {**os.environ, "CAPSNET_DEFAULT_MODEL": default_model}
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"capsnet-serve did not become ready (exit code {process.poll()})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        yield
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def raw_runner(model_dir: Path) -> Callable[[np.ndarray], None]:
+    """A batch-1 run of the model's graph on a session with every usable CPU's thread (the service's default)."""
     card = load_model_dir(model_dir).card
-    session = create_session(model_dir / GRAPH_FILE, "cpu", default_intra_op_threads())
-    for image in images[:5]:
+    session = create_session(model_dir / GRAPH_FILE, "cpu", usable_cpus())
+
+    def run(image: np.ndarray) -> None:
         session.run(None, {card.input.name: image[None]})
+
+    return run
+
+
+def timed_raw(run: Callable[[np.ndarray], None], images: np.ndarray, runs: int) -> list[float]:
     latencies = []
     for i in range(runs):
         start = time.perf_counter()
-        session.run(None, {card.input.name: images[i % len(images)][None]})
+        run(images[i % len(images)])
         latencies.append(time.perf_counter() - start)
     return latencies
 
@@ -85,34 +134,31 @@ def classify_beside_explain(port: int, name: str, bodies: list[bytes], runs: int
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Raw runs and explain requests alternate in rounds of ROUND, so both see the same machine."""
     model_dir = Path(args.model_repository) / args.model
     images = to_float(load_split(args.data_dir, "test").images[: args.digits])
     bodies = request_bodies(images)
-    raw = raw_latencies(model_dir, images, args.runs)
+    raw_run = raw_runner(model_dir)
+    timed_raw(raw_run, images, 5)  # warm-up
+    raw: list[float] = []
+    explain: list[float] = []
     with tempfile.TemporaryDirectory() as repository:
         (Path(repository) / args.model).symlink_to(model_dir.resolve(), target_is_directory=True)
-        server = start_server(Path(repository), args.port, {"CAPSNET_DEFAULT_MODEL": args.model})
-        try:
+        with running_service(Path(repository), args.port, args.model):
             explain_path = f"/v1/models/{args.model}/explain"
             timed_posts(args.port, explain_path, bodies, 5)  # warm-up
-            explain = timed_posts(args.port, explain_path, bodies, args.runs)
+            for _ in range(max(1, args.runs // ROUND)):
+                raw += timed_raw(raw_run, images, ROUND)
+                explain += timed_posts(args.port, explain_path, bodies, ROUND)
             classify = timed_posts(args.port, f"/v1/models/{args.model}/classify", bodies, args.runs)
             beside = classify_beside_explain(args.port, args.model, bodies, args.runs)
-            raw_after = raw_latencies(model_dir, images, args.runs)  # the machine may have changed meanwhile
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-    raw_p50 = min(percentile_ms(raw, 50), percentile_ms(raw_after, 50))
+    raw_p50 = percentile_ms(raw, 50)
     return {
         "model": args.model,
         "digits": args.digits,
         "runs": args.runs,
         "occluded_copies_mean": round(float(np.mean([len(occlusion_tiles(i[0])) for i in images])), 1),
         "raw_ort_batch1_p50_ms": round(raw_p50, 2),
-        "raw_ort_batch1_p50_ms_before_after": [
-            round(percentile_ms(raw, 50), 2),
-            round(percentile_ms(raw_after, 50), 2),
-        ],
         "explain_p50_ms": round(percentile_ms(explain, 50), 2),
         "explain_p95_ms": round(percentile_ms(explain, 95), 2),
         "explain_over_raw": round(percentile_ms(explain, 50) / raw_p50, 1),

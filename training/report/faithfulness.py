@@ -6,7 +6,8 @@ For each test digit the model's predicted class is explained by every method; th
 removed (set to 0) in the map's order, hottest first, and the class score is read after each step (deletion);
 insertion adds them back in the same order to a blank image (Petsiuk et al. 2018, RISE). Each method is run
 against its reverse order and a random order. Writes <out>/report/faithfulness.json and
-<out>/report/figures/faithfulness.png; prints the table docs/explanations.md shows.
+<out>/report/figures/faithfulness.png, the tables into docs/explanations.md and the 10% figures into the
+explorer (service/static/app.js).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPLORER_SCRIPT = REPO_ROOT / "service" / "static" / "app.js"
 EXPLORER_BLOCK = ("// faithfulness:begin", "// faithfulness:end")  # the lines around the explorer's figures
+PAGE = REPO_ROOT / "docs" / "explanations.md"
+PAGE_BLOCK = ("<!-- faithfulness:begin -->", "<!-- faithfulness:end -->")  # the lines around the page's tables
 DEFAULT_MODELS = ("capsnet-mnist", "capsnet-mnist-int8", "capsnet-em-mnist")
 FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # share of the ink removed (deletion) or shown (insertion)
 TABLE_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
@@ -266,12 +269,15 @@ def write_report(out: Path, results: list[dict[str, Any]], args: argparse.Namesp
     path.write_text(json.dumps(report, indent=1) + "\n")
 
 
-def render(out: Path, explorer: Path | None) -> None:
-    """Draw the figure from <out>/report/faithfulness.json and write its 10% figures into the explorer's script."""
+def render(out: Path, explorer: Path | None, page: Path | None) -> None:
+    """Draw the figure from <out>/report/faithfulness.json, write its tables into the docs page and its 10%
+    figures into the explorer's script."""
     models = json.loads((out / "report" / "faithfulness.json").read_text())["models"]
     plot(models, out / "report" / "figures" / "faithfulness.png")
     if explorer is not None:
         explorer.write_text(explorer_block(explorer.read_text(), models))
+    if page is not None:
+        page.write_text(page_block(page.read_text(), models))
 
 
 def explorer_figures(result: dict[str, Any]) -> dict[str, float]:
@@ -289,12 +295,33 @@ def js_object(figures: dict[str, float]) -> str:
 
 def explorer_block(script: str, models: list[dict[str, Any]]) -> str:
     """`script` with the lines between EXPLORER_BLOCK's markers replaced by each model's `explorer_figures`."""
-    begin, end = EXPLORER_BLOCK
-    head, rest = script.split(begin, 1)
+    lines = [f"{json.dumps(r['model'])}: {js_object(explorer_figures(r))}," for r in models]
+    return replace_block(script, EXPLORER_BLOCK, lines)
+
+
+def page_block(page: str, models: list[dict[str, Any]]) -> str:
+    """`page` with the lines between PAGE_BLOCK's markers replaced by each model's table and target figures."""
+    lines = []
+    for r in models:
+        t = targets(r)
+        lines += [
+            table(r),
+            "",
+            f"Occlusion's 10% drop is {t['drop_at_10_vs_random']}× random's; at 30% it leaves "
+            f"{t['score_at_30']:.3f}, its reverse order {t['reversed_score_at_30']:.3f}.",
+            "",
+        ]
+    return replace_block(page, PAGE_BLOCK, lines[:-1])
+
+
+def replace_block(text: str, markers: tuple[str, str], lines: list[str]) -> str:
+    """`text` with the lines between the two marker lines replaced by `lines`, indented as the first marker."""
+    begin, end = markers
+    head, rest = text.split(begin, 1)
     indent = head[head.rfind("\n") + 1 :]
     _, tail = rest.split(end, 1)
-    lines = [f"{indent}{json.dumps(r['model'])}: {js_object(explorer_figures(r))}," for r in models]
-    return head + begin + "\n" + "\n".join(lines) + "\n" + indent + end + tail
+    body = "".join(f"{indent}{line}\n" if line else "\n" for line in lines)
+    return head + begin + "\n" + body + indent + end + tail
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -323,6 +350,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=str(EXPLORER_SCRIPT),
         help="the explorer script whose figures to update; '' for none (default: service/static/app.js)",
     )
+    parser.add_argument(
+        "--page",
+        default=str(PAGE),
+        help="the docs page whose tables to update; '' for none (default: docs/explanations.md)",
+    )
     parser.add_argument("--render-only", action="store_true", help="measure nothing: redraw from the saved JSON")
     parser.add_argument("--dry-run", action="store_true", help="8 digits, nothing written")
     return parser.parse_args(argv)
@@ -332,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
     explorer = Path(args.explorer) if args.explorer else None
+    page = Path(args.page) if args.page else None
     if args.render_only:
-        render(Path(args.out), explorer)
+        render(Path(args.out), explorer, page)
         return 0
     n = CHUNK if args.dry_run else args.n
     try:
@@ -352,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
     write_report(Path(args.out), results, args, busy)
-    render(Path(args.out), explorer)
+    render(Path(args.out), explorer, page)
     return 0
 
 

@@ -99,16 +99,19 @@ def test_targets_compare_the_drop_with_randoms() -> None:
 
 def test_the_command_writes_the_table_figure_and_explorer_figures(attending: Path, tmp_path: Path) -> None:
     data = write_mnist_dir(tmp_path / "mnist", n_test=16)
-    script = tmp_path / "app.js"
-    script.write_text("const F = {\n    // faithfulness:begin\n    // faithfulness:end\n};\n")
+    script, page = tmp_path / "app.js", tmp_path / "page.md"
+    script.write_text("const F = {\n    // faithfulness:begin\n    old\n    // faithfulness:end\n};\n")
+    page.write_text("# Page\n\n<!-- faithfulness:begin -->\nold\n<!-- faithfulness:end -->\n\nAfter.\n")
     argv = ["--data-dir", str(data), "--model-repository", str(attending), "--models", ATTENDING, "--n", "16"]
-    assert f.main([*argv, "--out", str(tmp_path / "docs"), "--explorer", str(script)]) == 0
+    assert f.main([*argv, "--out", str(tmp_path / "docs"), "--explorer", str(script), "--page", str(page)]) == 0
     saved = json.loads((tmp_path / "docs" / "report" / "faithfulness.json").read_text())
     (result,) = saved["models"]
     assert result["n"] == 16 and result["command"].endswith(f"--models {ATTENDING}")
     assert (tmp_path / "docs" / "report" / "figures" / "faithfulness.png").stat().st_size > 1000
     figures = f.explorer_figures(result)
     assert f'    "{ATTENDING}": {{ base: {figures["base"]}, occlusion: {figures["occlusion"]}' in script.read_text()
+    assert "old" not in script.read_text() and "old" not in page.read_text()
+    assert f.table(result) in page.read_text() and page.read_text().endswith("<!-- faithfulness:end -->\n\nAfter.\n")
 
 
 def test_a_missing_data_directory_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,5 +146,6 @@ def test_the_page_and_the_explorer_show_the_committed_figures() -> None:
     page = PAGE.read_text()
     for result in results.values():
         assert f.table(result) in page, f"docs/explanations.md's table of {result['model']} differs from the JSON"
+    assert f.page_block(page, list(results.values())) == page
     script = (REPO_ROOT / "service" / "static" / "app.js").read_text()
     assert f.explorer_block(script, list(results.values())) == script
