@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPBearer
 from starlette.requests import HTTPConnection
 
-from service.core.auth import INVALID_TOKEN, MISSING_TOKEN, WRONG_SCHEME, TokenStore, bearer_token
+from service.core.auth import ADMIN, INVALID_TOKEN, MISSING_TOKEN, NOT_ADMIN, WRONG_SCHEME, TokenStore, bearer_token
 from service.core.config import Settings
-from service.core.errors import Unauthorized
+from service.core.errors import Forbidden, Unauthorized
 from service.runtime.model import ServedModel
 from service.runtime.registry import ModelRegistry
 
@@ -29,15 +30,25 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 
 
-async def named_model(registry: RegistryDep, name: Annotated[str, Path(description="model name")]) -> ServedModel:
-    return registry.get(name)
+async def named_model(
+    registry: RegistryDep, name: Annotated[str, Path(description="model name")]
+) -> AsyncIterator[ServedModel]:
+    """The model's newest serving version, held (`ServedModel.lease`) until the request has been answered."""
+    with registry.get(name).lease() as model:
+        yield model
 
 
-async def addressed_model(request: Request) -> ServedModel:
-    """The model a v1 operation addresses: `/v1/models/{name}/<op>` names it, `/v1/<op>` means the default."""
+async def addressed_model(request: Request) -> AsyncIterator[ServedModel]:
+    """The model a v1 operation addresses: `/v1/models/{name}/<op>` names it, `/v1/<op>` means the default; the
+    `version` query parameter picks a version (default: the newest serving). Held until answered."""
     registry: ModelRegistry = request.app.state.registry  # read directly: one dependency level per request
     name = request.path_params.get("name")
-    return registry.default() if name is None else registry.get(name)
+    version = request.query_params.get("version") or None
+    model = registry.default() if name is None else registry.get(name, version)
+    if version is not None and model.version != version:  # a version of the default model
+        model = registry.get(model.name, version)
+    with model.lease():
+        yield model
 
 
 ModelDep = Annotated[ServedModel, Depends(addressed_model)]
@@ -49,6 +60,13 @@ MODEL_NAME_PARAMETER: dict[str, Any] = {
     "description": "model name",
     "schema": {"type": "string", "title": "Name"},
 }
+VERSION_PARAMETER: dict[str, Any] = {
+    "name": "version",
+    "in": "query",
+    "required": False,
+    "description": "model version (default: the newest ready one)",
+    "schema": {"type": "string", "title": "Version"},
+}
 
 
 class BearerAuth(HTTPBearer):
@@ -58,20 +76,40 @@ class BearerAuth(HTTPBearer):
     """
 
     async def __call__(self, request: HTTPConnection) -> None:
-        tokens: TokenStore = request.app.state.tokens
-        header = request.headers.get("authorization")
-        token = bearer_token(header)
-        if tokens.check(token):
-            return
-        if header is None:
-            raise Unauthorized(MISSING_TOKEN)
-        if token is None:
-            raise Unauthorized(WRONG_SCHEME)
-        raise Unauthorized(INVALID_TOKEN, invalid_token=True)
+        token_scopes(request)
+
+
+def token_scopes(request: HTTPConnection) -> frozenset[str]:
+    """The scopes of the request's bearer token; Unauthorized (saying why) when it carries no valid token."""
+    tokens: TokenStore = request.app.state.tokens
+    header = request.headers.get("authorization")
+    token = bearer_token(header)
+    scopes = tokens.scopes(token)
+    if scopes is not None:
+        return scopes
+    if header is None:
+        raise Unauthorized(MISSING_TOKEN)
+    if token is None:
+        raise Unauthorized(WRONG_SCHEME)
+    raise Unauthorized(INVALID_TOKEN, invalid_token=True)
+
+
+class AdminAuth(HTTPBearer):
+    """With a token file: 401 without a valid token, 403 for a token without the admin scope; open without one."""
+
+    async def __call__(self, request: HTTPConnection) -> None:
+        if request.app.state.tokens is not None and ADMIN not in token_scopes(request):
+            raise Forbidden(NOT_ADMIN)
 
 
 bearer_auth = BearerAuth(
     scheme_name="bearer",
     description="A token from the service's CAPSNET_AUTH_TOKENS_FILE.",
+    auto_error=False,
+)
+
+admin_auth = AdminAuth(
+    scheme_name="bearer",
+    description="A token from the service's CAPSNET_AUTH_TOKENS_FILE.",  # the same scheme as bearer_auth's
     auto_error=False,
 )

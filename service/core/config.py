@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.machine import usable_cpus
 
@@ -69,6 +69,19 @@ class Settings(BaseSettings):
         default=None,
         description="Model served by /v1/classify etc.; unset: the ready model with the lowest test error on its card.",
     )
+    model_control: Literal["none", "explicit", "poll"] = Field(
+        default="none",
+        description="none: load every model at start-up, no repository API; explicit: load and unload by the "
+        "repository API (load_models at start-up); poll: rescan the repository every poll_seconds "
+        "(docs/model-management.md).",
+    )
+    load_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="With model_control=explicit: the models loaded at start-up, comma-separated ('*': all).",
+    )
+    poll_seconds: float = Field(
+        default=10.0, gt=0.0, description="With model_control=poll: seconds between two scans of the repository."
+    )
     host: str = Field(default="127.0.0.1", description="Address `capsnet-serve` binds to.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port `capsnet-serve` listens on.")
     grpc_port: int = Field(
@@ -122,10 +135,45 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="Largest request body (413 above).")
     max_images_per_request: int = Field(default=64, ge=1, description="Most images (or batch rows) per request.")
     max_image_pixels: int = Field(
-        default=20_000_000, ge=1, description="Largest decoded image (width × height), checked before decoding."
+        default=4_000_000,
+        ge=1,
+        description="Largest image (width × height, e.g. 2000×2000), checked from its header before decoding.",
+    )
+    max_request_pixels: int = Field(
+        default=16_000_000,
+        ge=1,
+        description="Most pixels of all the images of one request together, checked from their headers before any "
+        "is decoded.",
     )
     max_image_bytes: int = Field(
         default=10 * 1024 * 1024, ge=1, description="Largest encoded image (a file part or decoded base64), in bytes."
+    )
+
+    http_max_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers), in bytes (431 above; the connection closes).",
+    )
+    http_max_headers: int = Field(default=100, ge=8, description="Most header fields in a request (431 above).")
+    http_head_timeout_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        description="Time a connection has to send a request's whole head once it began (408, then closed).",
+    )
+    http_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="Time a request has to send its whole body once its head is read (408, then closed).",
+    )
+    http_idle_timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        description="How long a connection may stay open without a request: after it opens, and between requests.",
+    )
+    http_max_connections: int = Field(
+        default=512,
+        ge=1,
+        description="Most open HTTP connections; one more is answered 503 and closed at once.",
     )
 
     auth_tokens_file: Path | None = Field(
@@ -141,6 +189,22 @@ class Settings(BaseSettings):
         if isinstance(value, str) and not value.strip():
             raise ValueError("empty path; unset the variable to turn authentication off")
         return value
+
+    @field_validator("load_models", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _load_models_need_explicit(self) -> Settings:
+        if self.load_models and self.model_control != "explicit":
+            raise ValueError(
+                f"load_models ({','.join(self.load_models)}) needs model_control=explicit; with "
+                f"{self.model_control!r} every model of the repository is loaded"
+            )
+        return self
 
     @model_validator(mode="after")
     def _parallel_runs_within_threads(self) -> Settings:

@@ -47,6 +47,18 @@ class Unauthorized(ServiceError):
         super().__init__(message, headers={"WWW-Authenticate": challenge})
 
 
+class Forbidden(ServiceError):
+    """A valid request the server is not configured to allow (model control off, a token without the scope)."""
+
+    status, type = 403, "forbidden"
+
+
+class ModelLoadFailed(ServiceError):
+    """A model (version) could not be loaded; whatever served before keeps serving."""
+
+    status, type = 400, "model_load_failed"
+
+
 class ModelNotFound(ServiceError):
     status, type = 404, "model_not_found"
 
@@ -61,6 +73,12 @@ class OutOfDistribution(ServiceError):
     """An image the model's calibrated 'not a digit' score rejects, when the client asked for rejection."""
 
     status, type = 422, "out_of_distribution"
+
+
+class NonFiniteOutput(ServiceError):
+    """The model computed NaN or infinity for the request's input: never sent as numbers (JSON has none for them)."""
+
+    status, type = 422, "non_finite_output"
 
 
 class PayloadTooLarge(ServiceError):
@@ -147,11 +165,11 @@ CLIENT_CLOSED_REQUEST = 499
 
 def http_error_message(request: Request, status: int, detail: str, headers: Mapping[str, str]) -> str:
     """Starlette's bare "Not Found" / "Method Not Allowed", said in full: which route, which methods to use."""
-    if status == 404:
-        return f"no route {request.method} {request.url.path}"
+    if status == 404:  # the path is not echoed: a client's bytes never come back in a page or a log reader
+        return f"no route for {request.method} at this path; see /docs for the routes"
     if status == 405 and headers.get("Allow"):
         allowed = ", ".join(m for m in headers["Allow"].split(", ") if m != "HEAD") or headers["Allow"]
-        return f"method {request.method} is not allowed on {request.url.path}; use {allowed}"
+        return f"method {request.method} is not allowed at this path; use {allowed}"
     return detail
 
 

@@ -4,8 +4,9 @@
 registry (and so the dynamic batchers), the settings' limits, the metrics and the logging of the HTTP
 server, but not its event loop: calls are served by grpcio's synchronous server, on a pool of threads
 that block while their model runs, so gRPC takes no time from the loop that serves HTTP. One
-interceptor does, for every call: the bearer-token check (the health service stays open), the mapping
-of the service's errors to status codes, and the request metrics.
+interceptor does, for every call: the bearer-token check (health stays open: grpc.health.v1 and the
+protocol's ServerLive and ServerReady), the mapping of the service's errors to status codes, and the
+request metrics.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Histogram
 
-from service.core.auth import bearer_token
+from service.core.auth import NOT_ADMIN, bearer_token
 from service.core.config import Settings
 from service.core.errors import ServiceError
 from service.core.metrics import Metrics
@@ -41,9 +42,12 @@ HEALTH_PREFIX = f"/{health.SERVICE_NAME}/"
 # the process runs, for a Kubernetes gRPC liveness probe (`grpc: {port: 8001, service: liveness}`).
 LIVENESS = "liveness"
 READINESS_SERVICES = ("", protocol.SERVICE_NAME)
+# Open without a token, as REST's /v2/health/* and grpc.health.v1 are: the protocol's own liveness and readiness.
+OPEN_METHODS = frozenset(f"/{protocol.SERVICE_NAME}/{call}" for call in ("ServerLive", "ServerReady"))
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token: send 'authorization: Bearer <token>'"
+Verdict: TypeAlias = grpc.StatusCode | None  # why a call is refused before it runs (no token, not admin), None: allowed
 
 
 class MalformedMessage:
@@ -82,12 +86,18 @@ class Failure(Exception):
 class ServiceInterceptor(grpc.ServerInterceptor):
     """Authentication, error mapping and metrics around every unary call."""
 
-    def __init__(self, metrics: Metrics, check_token: TokenCheck | None, activity: Activity | None = None) -> None:
-        self.metrics, self.check_token = metrics, check_token
+    def __init__(
+        self,
+        metrics: Metrics,
+        check_token: TokenCheck | None,
+        activity: Activity | None = None,
+        check_admin: TokenCheck | None = None,
+    ) -> None:
+        self.metrics, self.check_token, self.check_admin = metrics, check_token, check_admin
         self.activity = activity or Activity()  # the requests in progress, read by the batchers (RunSlots)
         # Built once per method (and token verdict), not per call: the wrapped handlers and the metrics' children
         # (labels() costs a lock and a validation). A race between two threads only builds one twice.
-        self._handlers: dict[tuple[str, bool], grpc.RpcMethodHandler] = {}
+        self._handlers: dict[tuple[str, Verdict], grpc.RpcMethodHandler] = {}
         self._latency: dict[str, Histogram] = {}
         self._counts: dict[tuple[str, grpc.StatusCode], Counter] = {}
 
@@ -100,27 +110,35 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         if handler is None or handler.unary_unary is None:  # unknown methods (UNIMPLEMENTED); health Watch
             return handler
         method = handler_call_details.method
-        allowed = (
-            self.check_token is None
-            or method.startswith(HEALTH_PREFIX)
-            or self.check_token(bearer_token(metadata_value(handler_call_details, "authorization")))
-        )
-        wrapped = self._handlers.get((method, allowed))
+        verdict = self.verdict(method, handler_call_details)
+        wrapped = self._handlers.get((method, verdict))
         if wrapped is None:
-            wrapped = self._handlers[method, allowed] = grpc.unary_unary_rpc_method_handler(
-                self.wrap(method, handler.unary_unary, allowed),
+            wrapped = self._handlers[method, verdict] = grpc.unary_unary_rpc_method_handler(
+                self.wrap(method, handler.unary_unary, verdict),
                 request_deserializer=tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return wrapped
 
-    def wrap(self, method: str, behavior: Behavior, allowed: bool) -> Behavior:
+    def verdict(self, method: str, details: grpc.HandlerCallDetails) -> Verdict:
+        """None when the call may run: tokens off, the health service or ServerLive/ServerReady, or a valid token
+        (with the admin scope for the repository methods)."""
+        if self.check_token is None or method.startswith(HEALTH_PREFIX) or method in OPEN_METHODS:
+            return None
+        token = bearer_token(metadata_value(details, "authorization"))
+        if not self.check_token(token):
+            return grpc.StatusCode.UNAUTHENTICATED
+        if method in protocol.REPOSITORY_METHODS and not (self.check_admin and self.check_admin(token)):
+            return grpc.StatusCode.PERMISSION_DENIED
+        return None
+
+    def wrap(self, method: str, behavior: Behavior, verdict: Verdict) -> Behavior:
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
                 with self.activity.request():
-                    response = self.answer(method, behavior, allowed, request, context)
+                    response = self.answer(method, behavior, verdict, request, context)
                 if not context.is_active():  # the client cancelled, or its deadline passed, while the call ran
                     code = grpc.StatusCode.CANCELLED
                 return response
@@ -144,10 +162,12 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         self._latency[method].observe(seconds)
 
     @staticmethod
-    def answer(method: str, behavior: Behavior, allowed: bool, request: Any, context: grpc.ServicerContext) -> Any:
+    def answer(method: str, behavior: Behavior, verdict: Verdict, request: Any, context: grpc.ServicerContext) -> Any:
         """The response, or a Failure for the status the call must end with (no traceback reaches a client)."""
-        if not allowed:
-            raise Failure(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+        if verdict is grpc.StatusCode.UNAUTHENTICATED:
+            raise Failure(verdict, UNAUTHENTICATED_MESSAGE)
+        if verdict is not None:
+            raise Failure(verdict, NOT_ADMIN)
         if isinstance(request, MalformedMessage):
             name = method.rsplit("/", 1)[-1]
             raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {name} request message: {request.error}")
@@ -179,7 +199,12 @@ class GrpcServer:
     """`start` binds `settings.host:settings.grpc_port`; `stop` drains the calls in flight (graceful shutdown)."""
 
     def __init__(
-        self, registry: ModelRegistry, settings: Settings, metrics: Metrics, check_token: TokenCheck | None = None
+        self,
+        registry: ModelRegistry,
+        settings: Settings,
+        metrics: Metrics,
+        check_token: TokenCheck | None = None,
+        check_admin: TokenCheck | None = None,
     ) -> None:
         self.registry, self.settings = registry, settings
         self.health = health.HealthServicer()
@@ -187,7 +212,7 @@ class GrpcServer:
         limit = settings.max_body_bytes
         self.server = grpc.server(
             self.pool,
-            interceptors=[ServiceInterceptor(metrics, check_token, registry.slots.activity)],
+            interceptors=[ServiceInterceptor(metrics, check_token, registry.slots.activity, check_admin)],
             options=[
                 ("grpc.max_receive_message_length", limit),  # larger messages: RESOURCE_EXHAUSTED
                 ("grpc.so_reuseport", 0),  # a port in use is an error, never a silently shared socket

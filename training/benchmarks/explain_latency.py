@@ -13,62 +13,33 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import platform
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
+from service.contract import GRAPH_FILE, create_session, load_model_dir, usable_cpus
 from service.explanation import occlusion_tiles
-from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
-from service.raw_ort import percentile_ms
-from service.runtime.model_dir import GRAPH_FILE, create_session, load_model_dir
-from training.data import load_split, to_float
+from training.benchmarks.raw_ort import percentile_ms
+from training.benchmarks.server import start_server
+from training.benchmarks.service import machine
+from training.data.mnist import load_split, to_float
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET_RATIO = 30.0  # explain's p50 at most this many raw batch-1 runs
 ROUND = 10  # raw runs, then explain requests, alternately
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "cpu": cpu_model(),
-        "cpus_usable": usable_cpus(),
-        "load_average": load_average(),
-        "cpu_busy_percent_before": cpu_busy_percent(),
-        "platform": platform.platform(),
-        "onnxruntime": ort.__version__,
-    }
-
-
 @contextmanager
 def running_service(repository: Path, port: int, default_model: str) -> Iterator[None]:
     """`capsnet-serve` over `repository` on 127.0.0.1:`port`, ready, and stopped afterwards."""
-    command = [sys.executable, "-m", "service.main", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0"]
-    command += ["--model-repository", str(repository), "--log-level", "warning"]
-    env = {**os.environ, "CAPSNET_DEFAULT_MODEL": default_model}
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env)
+    process = start_server(repository, port, {"CAPSNET_DEFAULT_MODEL": default_model})
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"capsnet-serve did not become ready (exit code {process.poll()})")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
         yield
     finally:
         process.terminate()

@@ -24,17 +24,21 @@ from typing import Any
 
 import numpy as np
 
-from service.explanation import (
+from service.contract import (
     OCCLUSION_TILE,
+    ModelCard,
+    cpu_busy_percent,
+    cpu_model,
+    create_session,
     input_heatmap,
+    load_model_dir,
     occluded_copies,
     occlusion_grid,
     occlusion_grid_size,
     occlusion_tiles,
+    usable_cpus,
 )
-from service.machine import cpu_busy_percent, cpu_model, usable_cpus
-from service.runtime.model_dir import ModelCard, create_session, load_model_dir
-from training.data import IDXError, load_split, to_float
+from training.data.mnist import IDXError, load_split, to_float
 
 log = logging.getLogger(__name__)
 

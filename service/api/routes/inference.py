@@ -2,7 +2,8 @@
 
 Each operation is written once and served at two addresses: `/v1/models/{name}/<op>` and `/v1/<op>` (the
 default model); the `addressed_model` dependency tells them apart by the `name` path parameter.
-Options go in the query string; images in the body (multipart files or JSON, see `ImagesRequest`).
+Options go in the query string (`version` picks a model version); images in the body (multipart files or JSON,
+see `ImagesRequest`).
 (No `from __future__ import annotations` here: FastAPI must resolve the routes' annotations at runtime.)
 """
 
@@ -15,8 +16,8 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import MODEL_NAME_PARAMETER, ModelDep, SettingsDep
-from service.api.inputs import INVERT_CHOICES, Invert, PreprocessOptions, parse_model, read_images, read_json
+from service.api.deps import MODEL_NAME_PARAMETER, VERSION_PARAMETER, ModelDep, SettingsDep
+from service.api.inputs import INVERT_CHOICES, JSON_SLACK_VALUES, Invert, PreprocessOptions, read_images, read_json
 from service.api.schemas import (
     CapsuleResult,
     CapsulesResponse,
@@ -418,7 +419,8 @@ async def decode(request: Request, model: ModelDep, format: FormatQuery = "json"
     """Decode the given poses (every class, e.g. from `capsules`, with edits) through the mask of `class`
     (one-hot) or through an explicit per-class `mask`."""
     card = model.require_decoder()
-    body = parse_model(DecodeRequest, await read_json(request))
+    most = len(card.classes) * (card.pose_size + 1) + JSON_SLACK_VALUES  # the poses, and a mask
+    body = await read_json(request, DecodeRequest, most, "the model's classes × pose size")
     poses, mask = decode_inputs(card, body)
     images = await model.decode(poses[None], mask[None])
     if format == "png":
@@ -462,8 +464,8 @@ OPERATIONS = (
 )  # fmt: skip
 # (path prefix, operation id suffix, which model, OpenAPI path parameters the endpoints do not declare themselves)
 ADDRESSES: tuple[tuple[str, str, str, list[dict[str, Any]]], ...] = (
-    ("/v1", "default", "the default model", []),
-    ("/v1/models/{name}", "named", "the named model", [MODEL_NAME_PARAMETER]),
+    ("/v1", "default", "the default model", [VERSION_PARAMETER]),
+    ("/v1/models/{name}", "named", "the named model", [MODEL_NAME_PARAMETER, VERSION_PARAMETER]),
 )
 
 

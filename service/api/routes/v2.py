@@ -8,7 +8,7 @@ Tensors go as JSON (flat or nested, row-major), or with the binary tensor data e
 
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.api.deps import RegistryDep, SettingsDep, named_model
-from service.api.inputs import media_type, parse_json, parse_model
+from service.api.inputs import JSON_SLACK_VALUES, check_json_values, media_type, parse_body
 from service.api.schemas import (
     ErrorV2,
     InferenceRequest,
@@ -27,8 +27,8 @@ from service.api.schemas import (
     RequestInput,
     ServerMetadata,
 )
-from service.core.config import Settings
-from service.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge, UnsupportedMediaType
+from service.core.config import Settings, env_name
+from service.core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from service.runtime.card import ModelCard
 from service.runtime.model import ServedModel
 from service.runtime.registry import ModelRegistry
@@ -65,19 +65,20 @@ def server_version() -> str:
 
 
 def model_of_version(registry: ModelRegistry, name: str, model_version: str) -> ServedModel:
-    """The named model if `model_version` is its card's version (shared by REST and gRPC)."""
-    model = registry.get(name)
-    if model.card is not None and model_version != model.card.version:
-        raise ModelNotFound(f"model {name!r} has no version {model_version!r} (served: {model.card.version!r})")
-    return model
+    """The given version of the named model (shared by REST and gRPC)."""
+    return registry.get(name, model_version)
 
 
 async def versioned_model(
     registry: RegistryDep,
     name: Annotated[str, Path(description="model name")],
-    model_version: Annotated[str, Path(description="model version (the card's `version`)")],
-) -> ServedModel:
-    return model_of_version(registry, name, model_version)
+    model_version: Annotated[
+        str, Path(description="model version (a version folder's number, or the card's `version`)")
+    ],
+) -> AsyncIterator[ServedModel]:
+    """The version, held (`ServedModel.lease`) until the request has been answered."""
+    with model_of_version(registry, name, model_version).lease() as model:
+        yield model
 
 
 @router.get("/v2", summary="Server metadata")
@@ -105,11 +106,12 @@ async def server_ready(registry: RegistryDep) -> Response:
     return Response(status_code=200 if registry.all_ready else 400)
 
 
-def model_metadata(model: ServedModel) -> ModelMetadata:
+def model_metadata(model: ServedModel, versions: list[str] | None = None) -> ModelMetadata:
+    """The metadata of one version; `versions`: every ready version of the model (default: this one's)."""
     card = model.require_ready()
     return ModelMetadata(
         name=card.name,
-        versions=[card.version],
+        versions=versions or [card.version],
         platform=PLATFORM,
         inputs=[MetadataTensor(name=card.input.name, datatype=card.input.datatype, shape=card.input.shape)],
         outputs=[MetadataTensor(name=o.name, datatype=o.datatype, shape=o.shape) for o in card.outputs],
@@ -117,7 +119,12 @@ def model_metadata(model: ServedModel) -> ModelMetadata:
     )
 
 
-async def read_infer_body(request: Request) -> tuple[Any, bytes]:
+def ready_versions(registry: ModelRegistry, name: str) -> list[str]:
+    """The serving versions of a model, newest first."""
+    return [m.version for m in registry.versions(name) if m.serving]
+
+
+async def read_infer_body(request: Request) -> tuple[bytes, bytes]:
     """The JSON part of the request and the binary part (empty without the binary tensor data extension)."""
     body = await request.body()
     header_length = request.headers.get(BINARY_HEADER)
@@ -133,7 +140,7 @@ async def read_infer_body(request: Request) -> tuple[Any, bytes]:
         if not 0 <= n <= len(body):
             raise InvalidInput(f"{BINARY_HEADER} {header_length!r} is not a length within the {len(body)}-byte body")
         json_part, binary = body[:n], body[n:]
-    return parse_json(json_part), binary
+    return json_part, binary
 
 
 def check_shape(card: ModelCard, tensor: RequestInput, settings: Settings) -> tuple[int, ...]:
@@ -203,9 +210,22 @@ def tensor_array(
             raise InvalidInput(f"input {tensor.name!r}: data must be {tensor.datatype} numbers: {e}") from e
         if array.size != count:
             raise InvalidInput(f"input {tensor.name!r} has {array.size} values; shape {list(shape)} needs {count}")
-    if not np.isfinite(array).all():
-        raise InvalidInput(f"input {tensor.name!r} contains NaN or infinite values")
+    check_range(card, tensor.name, array)
     return array.reshape(shape)
+
+
+def check_range(card: ModelCard, name: str, array: np.ndarray) -> None:
+    """Every value finite and within the card's `input.range` (one min and one max: NaN makes both NaN)."""
+    low, high = card.input.range
+    least, most = float(array.min()), float(array.max())
+    if low <= least and most <= high:
+        return
+    if not np.isfinite(array).all():
+        raise InvalidInput(f"input {name!r} contains NaN or infinite values")
+    raise InvalidInput(
+        f"input {name!r} has values from {least:g} to {most:g}; model {card.name!r} takes values in "
+        f"[{low:g}, {high:g}] (its card's input.range)"
+    )
 
 
 def check_bool_parameter(parameters: dict[str, Any] | None, key: str, where: str) -> None:
@@ -272,8 +292,10 @@ def check_request(card: ModelCard, req: InferenceRequest) -> None:
 
 async def infer(request: Request, model: ServedModel, settings: Settings) -> Response:
     card = model.require_ready()
-    data, binary = await read_infer_body(request)
-    req = parse_model(InferenceRequest, data)
+    json_part, binary = await read_infer_body(request)
+    most = settings.max_images_per_request * math.prod(card.image_shape) + JSON_SLACK_VALUES
+    check_json_values(json_part, most, env_name("max_images_per_request"))
+    req = await parse_body(InferenceRequest, json_part)
     check_request(card, req)
     images, end = input_array(card, req.inputs[0], binary, 0, settings)
     if end != len(binary):
@@ -282,7 +304,7 @@ async def infer(request: Request, model: ServedModel, settings: Settings) -> Res
     return infer_response(card, req, outputs)
 
 
-def add_model_routes(path: str, model_dep: Callable[..., Awaitable[ServedModel]], suffix: str) -> None:
+def add_model_routes(path: str, model_dep: Callable[..., AsyncIterator[ServedModel]], suffix: str) -> None:
     """Model ready, model metadata and inference under `path` (with or without `/versions/{model_version}`)."""
     ModelDep = Annotated[ServedModel, Depends(model_dep)]
 
@@ -294,9 +316,10 @@ def add_model_routes(path: str, model_dep: Callable[..., Awaitable[ServedModel]]
         return Response(status_code=200 if model.ready else 400)
 
     @router.get(path, operation_id=f"model_metadata{suffix}", responses=METADATA_ERRORS)
-    async def metadata(model: ModelDep) -> ModelMetadata:
-        """Model metadata; `parameters.execution_provider` names the ONNX Runtime provider it runs on."""
-        return model_metadata(model)
+    async def metadata(model: ModelDep, registry: RegistryDep) -> ModelMetadata:
+        """Model metadata: `versions` lists every ready version, the rest describes this one (the newest without
+        `/versions/{v}`); `parameters.execution_provider` names the ONNX Runtime provider it runs on."""
+        return model_metadata(model, ready_versions(registry, model.name))
 
     @router.post(
         f"{path}/infer",
