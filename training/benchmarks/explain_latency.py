@@ -29,6 +29,7 @@ from training.benchmarks.raw_ort import percentile_ms
 from training.benchmarks.server import start_server
 from training.benchmarks.service import machine
 from training.data.mnist import load_split, to_float
+from training.options import add_data_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGET_RATIO = 30.0  # explain's p50 at most this many raw batch-1 runs
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", help="MNIST IDX files (default: $CAPSNET_DATA_DIR)")
+    add_data_dir(parser)
     parser.add_argument("--model-repository", default=str(REPO_ROOT / "model" / "zoo"), help="(default: model/zoo)")
     parser.add_argument("--model", default="capsnet-mnist", help="(default: capsnet-mnist)")
     parser.add_argument("--digits", type=int, default=50, help="test digits the requests cycle through (default: 50)")

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from service.contract import (
+    GRAPH_FILE,
     OCCLUSION_TILE,
     ModelCard,
     cpu_busy_percent,
@@ -39,6 +40,7 @@ from service.contract import (
     usable_cpus,
 )
 from training.data.mnist import IDXError, load_split, to_float
+from training.options import add_data_dir, add_threads
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ class Model:
 def open_model(path: Path, threads: int | None) -> Model:
     model_dir = load_model_dir(path)
     card = model_dir.card
-    session = create_session(path / "capsnet.onnx", "cpu", threads)
+    session = create_session(path / GRAPH_FILE, "cpu", threads)
     names = [o.name for o in card.outputs]
 
     def run(images: np.ndarray) -> dict[str, np.ndarray]:
@@ -330,7 +332,7 @@ def replace_block(text: str, markers: tuple[str, str], lines: list[str]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", help="MNIST IDX files (default: $CAPSNET_DATA_DIR)")
+    add_data_dir(parser)
     parser.add_argument("--model-repository", default=str(REPO_ROOT / "model" / "zoo"), help="(default: model/zoo)")
     parser.add_argument(
         "--models", nargs="+", default=list(DEFAULT_MODELS), help=f"(default: {' '.join(DEFAULT_MODELS)})"
@@ -341,7 +343,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=str(REPO_ROOT / "docs"),
         help="writes report/faithfulness.json and report/figures/faithfulness.png here (default: docs)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
+    add_threads(parser, "ONNX Runtime intra-op threads", default_text="ONNX Runtime's own")
     parser.add_argument(
         "--tile",
         type=int,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +114,11 @@ def test_the_command_writes_the_table_figure_and_explorer_figures(attending: Pat
     assert f'    "{ATTENDING}": {{ base: {figures["base"]}, occlusion: {figures["occlusion"]}' in script.read_text()
     assert "old" not in script.read_text() and "old" not in page.read_text()
     assert f.table(result) in page.read_text() and page.read_text().endswith("<!-- faithfulness:end -->\n\nAfter.\n")
+
+
+def test_the_command_needs_no_torch() -> None:
+    code = "import sys; sys.modules['torch'] = None; import training.report.faithfulness"  # None: import fails
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
 
 
 def test_a_missing_data_directory_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
