@@ -16,7 +16,7 @@ from service.explanation import (
     occlusion_grid_size,
     occlusion_tiles,
 )
-from service.imaging import ImageLimits, array_to_png, decode_image, preprocess
+from service.imaging import ImageLimits, array_from_pixels, array_to_png, decode_image, preprocess
 from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
 from service.runtime.model_dir import (
     CARD_FILE,
@@ -39,21 +39,24 @@ from service.runtime.model_dir import (
     verify_files,
     write_card,
 )
-from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
+from service.runtime.ood import FEATURE_TAILS, GAUSSIAN_FEATURES, ClassGaussian, OODCalibration, image_features
 
 __all__ = [
     "CARD_FILE",
     "CARD_FORMAT_VERSION",
     "DECODER_FILE",
     "FEATURE_TAILS",
+    "GAUSSIAN_FEATURES",
     "GRAPH_FILE",
     "OCCLUSION_TILE",
+    "ClassGaussian",
     "ImageLimits",
     "ModelCard",
     "ModelDir",
     "ModelDirError",
     "OODCalibration",
     "ProviderUnavailable",
+    "array_from_pixels",
     "array_to_png",
     "cpu_busy_percent",
     "cpu_model",
