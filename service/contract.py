@@ -2,11 +2,20 @@
 
 The model directory (export writes it, evaluation and the service read it; `service/runtime/model_dir.py`),
 the service's preprocessing of uploads (the non-digit sets go through it; `service/imaging.py`), the
-"not a digit" score (calibration writes its card entry, the service computes it; `service/runtime/ood.py`) and
-the torch-free machine facts every benchmark records (`service/machine.py`). tests/test_layout.py fails when a
+"not a digit" score (calibration writes its card entry, the service computes it; `service/runtime/ood.py`), the
+occlusion maps (the faithfulness report measures the ones the service serves; `service/explanation.py`) and the
+torch-free machine facts every benchmark records (`service/machine.py`). tests/test_layout.py fails when a
 training module outside training/benchmarks/ imports any other service module; docs/code-layout.md says why.
 """
 
+from service.explanation import (
+    OCCLUSION_TILE,
+    input_heatmap,
+    occluded_copies,
+    occlusion_grid,
+    occlusion_grid_size,
+    occlusion_tiles,
+)
 from service.imaging import ImageDecodeError, ImageLimits, array_from_pixels, array_to_png, decode_image, preprocess
 from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
 from service.runtime.model_dir import (
@@ -41,6 +50,7 @@ __all__ = [
     "FEATURE_TAILS",
     "GAUSSIAN_FEATURES",
     "GRAPH_FILE",
+    "OCCLUSION_TILE",
     "ClassGaussian",
     "ImageDecodeError",
     "ImageLimits",
@@ -58,9 +68,14 @@ __all__ = [
     "default_intra_op_threads",
     "file_entries",
     "image_features",
+    "input_heatmap",
     "is_model_dir",
     "load_average",
     "load_model_dir",
+    "occluded_copies",
+    "occlusion_grid",
+    "occlusion_grid_size",
+    "occlusion_tiles",
     "parse_card",
     "portable_command",
     "portable_path",

@@ -1,23 +1,35 @@
-"""Routing explanations as images: the routing map of a class spread over the input, and its PNG overlay.
+"""Explanation maps as images: occlusion sensitivity, the routing map spread over the input, and a PNG overlay.
 
-The model's explanation output is a per-class map over the PrimaryCaps grid (c_ij * |u_hat_j|i| summed
-over the capsule types). Grid cell (r, c) sees the input pixels rows r*stride .. r*stride + size - 1
-and the same columns (the card's `receptive_field`); `input_heatmap` gives each input pixel the mean
-weight of the cells whose receptive fields contain it. Receptive fields overlap (17x17 at stride 2 in
-the paper's network), so a plain sum would mostly draw how many cells see a pixel; the mean draws a
-uniform grid as a uniform heatmap. Pixels that no cell sees (the last row and column of MNIST's 28x28)
-get 0.
+Occlusion (the default): each `OCCLUSION_TILE`-pixel tile holding ink is blacked out in a copy of the image, the
+copies run as one batch, and a tile's weight is how much the class score falls without it (tiles without ink: 0).
+
+Routing: the model's per-class map over the PrimaryCaps grid (c_ij * |u_hat_j|i| summed over capsule types);
+`input_heatmap` gives each input pixel the mean weight of the grid cells whose receptive fields (the card's
+`receptive_field`) contain it, so overlapping fields do not draw their overlap. docs/explanations.md has the details.
 """
 
 from __future__ import annotations
 
 import io
+from typing import Literal, get_args
 
 import numpy as np
 from PIL import Image
 
+from service.runtime.card import ModelCard
+
+Method = Literal["occlusion", "routing"]
+METHODS: tuple[str, ...] = get_args(Method)
+DEFAULT_METHOD: Method = "occlusion"  # the most faithful by the deletion test (docs/explanations.md)
+
+OCCLUSION_TILE = 4  # pixels on a side of an occluded tile (7x7 tiles on MNIST's 28x28)
 HEAT_COLOUR = np.array([1.0, 0.25, 0.0])  # red-orange, drawn over the grayscale input
 HEAT_OPACITY = 0.7  # how much of a pixel the hottest heat covers
+
+
+def explain_methods(card: ModelCard | None) -> list[str]:
+    """The methods a model can explain with: occlusion always, the routing map with an explanation output."""
+    return [m for m in METHODS if m != "routing" or (card is not None and card.explanation is not None)]
 
 
 def input_heatmap(grid: np.ndarray, size: int, stride: int, image_size: tuple[int, int]) -> np.ndarray:
@@ -31,6 +43,36 @@ def input_heatmap(grid: np.ndarray, size: int, stride: int, image_size: tuple[in
             total[window] += float(grid[r, c])
             covering[window] += 1
     return np.where(covering > 0, total / np.maximum(covering, 1), 0.0)
+
+
+def occlusion_tiles(image: np.ndarray, tile: int = OCCLUSION_TILE) -> np.ndarray:
+    """The (row, column) indices of the `tile`-pixel tiles of an (H, W) image holding ink (non-zero pixels): (T, 2)."""
+    height, width = image.shape
+    rows, columns = -(-height // tile), -(-width // tile)
+    padded = np.zeros((rows * tile, columns * tile), image.dtype)
+    padded[:height, :width] = image
+    inked = (padded.reshape(rows, tile, columns, tile) != 0).any(axis=(1, 3))  # (rows, columns)
+    return np.argwhere(inked)
+
+
+def occluded_copies(image: np.ndarray, tiles: np.ndarray, tile: int = OCCLUSION_TILE) -> np.ndarray:
+    """An (H, W) image -> (T, H, W): copy t has tile `tiles[t]` set to 0 (black, the background)."""
+    copies = np.repeat(image[None], len(tiles), axis=0)
+    for t, (r, c) in enumerate(tiles):
+        copies[t, r * tile : (r + 1) * tile, c * tile : (c + 1) * tile] = 0
+    return copies
+
+
+def occlusion_grid(base: float, occluded: np.ndarray, tiles: np.ndarray, grid_size: tuple[int, int]) -> np.ndarray:
+    """The class score of the intact image and of each occluded copy (T,) -> (rows, columns) score drops (0 where
+    no copy was run; negative where blacking a tile out raised the score)."""
+    grid = np.zeros(grid_size, np.float64)
+    grid[tiles[:, 0], tiles[:, 1]] = base - occluded.astype(np.float64)
+    return grid
+
+
+def occlusion_grid_size(image_size: tuple[int, int], tile: int = OCCLUSION_TILE) -> tuple[int, int]:
+    return -(-image_size[0] // tile), -(-image_size[1] // tile)
 
 
 def overlay_png(image: np.ndarray, heat: np.ndarray, scale: int) -> bytes:

@@ -305,7 +305,12 @@ class ModelSummary(BaseModel):
     classes: list[str] | None
     pose_shape: list[int] | None
     has_decoder: bool
-    has_explanation: bool = Field(default=False, description="the graph has a routing-map output: /explain works")
+    has_explanation: bool = Field(
+        default=False, description="the graph has a routing-map output: /explain?method=routing works"
+    )
+    explain_methods: list[str] = Field(
+        default_factory=list, description="the methods /explain offers for this model, the default first"
+    )
     ood_calibrated: bool = Field(default=False, description="the card has a 'not a digit' calibration")
     execution_provider: str | None
     versions: list[VersionState] = Field(
@@ -332,6 +337,7 @@ class ModelList(BaseModel):
                             "pose_shape": [16],
                             "has_decoder": True,
                             "has_explanation": True,
+                            "explain_methods": ["occlusion", "routing"],
                             "ood_calibrated": True,
                             "execution_provider": "CPUExecutionProvider",
                             "versions": [{"version": "1", "state": "ready", "ready": True, "error": None}],
@@ -472,12 +478,19 @@ class Explanation(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
     index: int
-    class_: int = Field(serialization_alias="class", description="the class whose routing is shown")
+    class_: int = Field(serialization_alias="class", description="the class the map explains")
     label: str
     predicted_class: int
-    share: float = Field(description="the class's part of all routed vote strength (its grid total / all classes')")
+    score: float = Field(description="the class's score on the intact image")
+    share: float | None = Field(
+        default=None,
+        description="routing: the class's part of all routed vote strength (its grid total / all classes'); "
+        "null for occlusion",
+    )
     grid: list[list[float]] = Field(
-        description="routing map over the PrimaryCaps grid: Σ over capsule types of c_ij·|û_j|i| (6×6 for MNIST)"
+        description="occlusion: the fall of the class score when each tile is blacked out (7×7 tiles of 4×4 pixels "
+        "for MNIST; 0 for tiles without ink, negative where the tile argued against the class); routing: "
+        "Σ over capsule types of c_ij·|û_j|i| on the PrimaryCaps grid (6×6 for MNIST)"
     )
     heatmap: list[list[float]] = Field(
         description="the grid mapped onto the input (the model's input height × width): each pixel gets the mean "
@@ -494,14 +507,16 @@ class ExplainResponse(BaseModel):
                 {
                     "model": "capsnet-mnist",
                     "model_version": "3",
-                    "receptive_field": {"size": 17, "stride": 2},
+                    "method": "occlusion",
+                    "receptive_field": {"size": 4, "stride": 4},
                     "explanations": [
                         {
                             "index": 0,
                             "class": 7,
                             "label": "7",
                             "predicted_class": 7,
-                            "share": 0.31,
+                            "score": 0.95,
+                            "share": None,
                             "grid": EXAMPLE_GRID,
                             "heatmap": EXAMPLE_IMAGE,
                             "preprocessing": EXAMPLE_PREPROCESSING,
@@ -514,5 +529,6 @@ class ExplainResponse(BaseModel):
 
     model: str
     model_version: str
+    method: str = Field(description="the method that made the maps: occlusion or routing (docs/explanations.md)")
     receptive_field: dict[str, int] = Field(description="grid cell (r, c) sees input rows r·stride … r·stride+size−1")
     explanations: list[Explanation]

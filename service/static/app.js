@@ -2,7 +2,7 @@
 //   GET  /v1/models                      the served models (pose_shape, classes, has_decoder, versions)
 //   POST /v1/models/{name}/capsules      lengths, poses and the 28×28 input the model received
 //   POST /v1/models/{name}/decode        a reconstruction (PNG) from poses, edited by the sliders
-//   POST /v1/models/{name}/explain       the routing map of a class over the input (PNG overlay)
+//   POST /v1/models/{name}/explain       what a class rests on, by occlusion or the routing map (PNG overlay)
 // Every POST names the picked version (`?version=`) when the user chose one; otherwise the newest answers.
 // When the service answers 401 (CAPSNET_AUTH_TOKENS_FILE is set), the page asks for a bearer token.
 "use strict";
@@ -24,6 +24,7 @@
     reconUrl: null,
     inputBlob: null, // the image last classified, sent again to /explain
     explainClass: null,
+    explainMethod: null, // one of the model's explain_methods; the first (the service's default) until changed
     explainUrl: null,
   };
 
@@ -243,11 +244,9 @@
     $("recon-controls").hidden = !m.has_decoder;
     $("recon-figure").hidden = !m.has_decoder;
     const noExplanation = $("no-explanation");
-    noExplanation.hidden = m.has_explanation;
-    noExplanation.textContent = m.has_explanation
-      ? ""
-      : `Model “${m.name}” has no routing-map output, so it cannot explain its routing.`;
-    $("explain-controls").hidden = !m.has_explanation;
+    noExplanation.hidden = canExplain(m);
+    noExplanation.textContent = canExplain(m) ? "" : `Model “${m.name}” offers no explanation method.`;
+    $("explain-controls").hidden = !canExplain(m);
     resetResults();
     if (state.source) requestClassify();
   }
@@ -374,7 +373,7 @@
       renderReconControls(model);
       requestDecode();
     }
-    if (model.has_explanation) {
+    if (canExplain(model)) {
       state.explainClass = state.result.predicted_class;
       renderExplainControls(model);
       requestExplain();
@@ -399,6 +398,9 @@
     $("ood-parts").replaceChildren();
     $("explain-class").replaceChildren();
     $("explain-class").disabled = true;
+    $("explain-method").replaceChildren();
+    $("explain-method").disabled = true;
+    $("explain-meaning").textContent = "";
     $("explanation").removeAttribute("src");
     if (state.explainUrl) URL.revokeObjectURL(state.explainUrl);
     state.explainUrl = null;
@@ -660,7 +662,39 @@
     requestDecode();
   }
 
-  // ---- routing explanation ----------------------------------------------------------------------
+  // ---- explanation ------------------------------------------------------------------------------
+
+  // Mean class score on 1,000 MNIST test digits, intact and with 10% of the ink removed: the 10% the method ranks
+  // highest, or a random 10%. From docs/results/explanations/faithfulness.json (python -m training.report.faithfulness).
+  const FAITHFULNESS = {
+    // faithfulness:begin
+    "capsnet-mnist": { base: 0.94, occlusion: 0.62, routing: 0.91, random: 0.92 },
+    "capsnet-mnist-int8": { base: 0.94, occlusion: 0.62, routing: 0.91, random: 0.92 },
+    "capsnet-em-mnist": { base: 0.99, occlusion: 0.76, random: 0.98 },
+    // faithfulness:end
+  };
+  const METHOD_NAMES = { occlusion: "Occlusion", routing: "Routing map" };
+  const METHOD_MEANINGS = {
+    occlusion:
+      "Red marks the 4×4 tiles whose blacking-out lowers the class score most: the ink the model needs for this class.",
+    routing:
+      "Red marks where the primary capsules sent their votes for the class; it is not what the score depends on.",
+  };
+
+  function canExplain(model) {
+    return Boolean(model.explain_methods && model.explain_methods.length);
+  }
+
+  function faithfulness(model, method) {
+    const m = FAITHFULNESS[model.name];
+    if (!m || m[method] === undefined) return "Its faithfulness has not been measured for this model.";
+    const drop = (m.base - m[method]) / Math.max(m.base - m.random, 1e-9);
+    return (
+      `Measured on 1,000 test digits: removing the 10% of the ink it ranks highest takes the score from ` +
+      `${m.base.toFixed(2)} to ${m[method].toFixed(2)}, against ${m.random.toFixed(2)} for a random 10% ` +
+      `(${drop.toFixed(drop < 10 ? 1 : 0)}× the drop).`
+    );
+  }
 
   function renderExplainControls(model) {
     const select = $("explain-class");
@@ -674,20 +708,30 @@
       }),
     );
     select.disabled = false;
+    const methods = model.explain_methods;
+    if (!methods.includes(state.explainMethod)) state.explainMethod = methods[0];
+    const methodSelect = $("explain-method");
+    methodSelect.replaceChildren(
+      ...methods.map((m, i) => {
+        const option = new Option(`${METHOD_NAMES[m] || m}${i === 0 ? " (default)" : ""}`, m);
+        option.selected = m === state.explainMethod;
+        return option;
+      }),
+    );
+    methodSelect.disabled = methods.length < 2;
   }
 
   async function explain() {
     const model = state.model;
-    if (!model || !model.has_explanation || !state.inputBlob) return;
+    if (!model || !canExplain(model) || !state.inputBlob) return;
     const cls = state.explainClass;
+    const method = state.explainMethod;
     const form = new FormData();
     form.append("files", state.inputBlob.blob, state.inputBlob.filename);
-    const response = await api(modelPath("explain", { format: "png", scale: "8", class: String(cls) }), {
-      method: "POST",
-      body: form,
-    });
+    const query = { format: "png", scale: "8", class: String(cls), method };
+    const response = await api(modelPath("explain", query), { method: "POST", body: form });
     const blob = await response.blob();
-    if (state.model !== model || !state.result) return;
+    if (state.model !== model || !state.result || state.explainMethod !== method) return;
     const url = URL.createObjectURL(blob);
     const img = $("explanation");
     await new Promise((resolve) => {
@@ -697,8 +741,10 @@
     if (state.explainUrl) URL.revokeObjectURL(state.explainUrl);
     state.explainUrl = url;
     const label = model.classes ? model.classes[cls] : String(cls);
-    img.alt = `Routing map of the votes for class ${label} over the model input`;
-    $("explain-caption").textContent = `Where the primary capsules routed their votes for “${label}” (red: more)`;
+    const name = METHOD_NAMES[method] || method;
+    img.alt = `${name} map for class ${label} over the model input`;
+    $("explain-caption").textContent = `${name} for “${label}” (red: more)`;
+    $("explain-meaning").textContent = `${METHOD_MEANINGS[method] || ""} ${faithfulness(model, method)}`.trim();
   }
   const requestExplain = coalesce(explain);
 
@@ -715,6 +761,11 @@
     $("file-input").value = "";
     previewFile(blob);
     requestClassify();
+  }
+
+  function onExplainMethod() {
+    state.explainMethod = $("explain-method").value;
+    requestExplain();
   }
 
   // ---- wiring -----------------------------------------------------------------------------------
@@ -741,6 +792,7 @@
     $("reset-button").addEventListener("click", resetSliders);
     $("explain-class").addEventListener("change", onExplainClass);
     document.addEventListener("capsnet:image", onImageEvent);
+    $("explain-method").addEventListener("change", onExplainMethod);
     loadModels();
   }
 

@@ -41,13 +41,16 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_em_like(out_dir: Path, name: str = EM_LIKE) -> None:
-    """A stand-in with the EM model's interface (docs/model-card.md): two linear maps of the image, no decoder."""
+def write_em_like(out_dir: Path, name: str = EM_LIKE, activation_weights: np.ndarray | None = None) -> None:
+    """A stand-in with the EM model's interface (docs/model-card.md): two linear maps of the image, no decoder.
+
+    `activation_weights` (784, 10): the activations are sigmoid(flattened image @ them); default random."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    w_act = numpy_helper.from_array(rng.normal(0, 0.05, (784, 10)).astype(np.float32), "w_act")
+    weights = rng.normal(0, 0.05, (784, 10)) if activation_weights is None else activation_weights
+    w_act = numpy_helper.from_array(weights.astype(np.float32), "w_act")
     w_pose = numpy_helper.from_array(rng.normal(0, 0.05, (784, 160)).astype(np.float32), "w_pose")
     flat_shape = numpy_helper.from_array(np.array([-1, 784], np.int64), "flat_shape")
     pose_shape = numpy_helper.from_array(np.array([-1, 10, 4, 4], np.int64), "pose_shape")

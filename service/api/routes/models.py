@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends
 
 from service.api.deps import RegistryDep, named_model
 from service.api.schemas import ErrorV1, ModelDetail, ModelList, ModelSummary, VersionState
+from service.explanation import explain_methods
 from service.runtime.model import ServedModel
 from service.runtime.model_dir import without_machine_paths
 
@@ -29,6 +30,7 @@ def summary(model: ServedModel, versions: list[ServedModel] | None = None) -> Mo
         pose_shape=card.pose_shape if card else None,
         has_decoder=model.has_decoder,
         has_explanation=card is not None and card.explanation is not None,
+        explain_methods=explain_methods(card) if card is not None else [],
         ood_calibrated=card is not None and card.ood_calibration is not None,
         execution_provider=model.provider,
         versions=[

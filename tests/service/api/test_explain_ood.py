@@ -1,4 +1,4 @@
-"""/v1/explain (routing maps, JSON and PNG) and the 'not a digit' fields of classify and capsules."""
+"""/v1/explain?method=routing (routing maps, JSON and PNG) and the 'not a digit' fields of classify and capsules."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tests.service.conftest import EM_LIKE, TINY
 CALIBRATED = "tiny-ood"
 EM_CALIBRATED = "tiny-em-ood"  # no decoder: calibrated on winning activation, margin and ink
 ATOL = 1e-5
+ROUTING = {"method": "routing"}  # the routing map (occlusion, the default, is tested in tests/service/api)
 
 
 def graph_outputs(directory: Path, images: np.ndarray) -> dict[str, np.ndarray]:
@@ -72,9 +73,10 @@ def ood_client(calibrated_repository: Path) -> TestClient:
 
 def test_explain_json_is_the_graph_map_of_the_predicted_class(client: TestClient, model_repository: Path) -> None:
     images = sample_images(3)
-    r = client.post(f"/v1/models/{TINY}/explain", json=body(*images))
+    r = client.post(f"/v1/models/{TINY}/explain", params=ROUTING, json=body(*images))
     assert r.status_code == 200, r.text
     out = r.json()
+    assert out["method"] == "routing"
     card = json.loads((model_repository / TINY / "model.json").read_text())
     field = next(o for o in card["outputs"] if o["role"] == "explanation")["receptive_field"]
     assert out["receptive_field"] == field
@@ -106,7 +108,7 @@ def test_heatmap_is_the_mean_of_the_cells_that_see_each_pixel() -> None:
 
 def test_explain_a_requested_class_on_the_default_route(client: TestClient, model_repository: Path) -> None:
     images = sample_images(1)
-    r = client.post("/v1/explain", params={"class": 4}, json=body(*images))
+    r = client.post("/v1/explain", params={"class": 4, **ROUTING}, json=body(*images))
     assert r.status_code == 200, r.text
     item = r.json()["explanations"][0]
     assert item["class"] == 4 and item["label"] == "4"
@@ -116,15 +118,16 @@ def test_explain_a_requested_class_on_the_default_route(client: TestClient, mode
 
 def test_explain_is_batch_independent(client: TestClient) -> None:
     images = sample_images(3)
-    batch = client.post(f"/v1/models/{TINY}/explain", json=body(*images)).json()["explanations"]
-    alone = client.post(f"/v1/models/{TINY}/explain", json=body(images[1])).json()["explanations"][0]
+    batch = client.post(f"/v1/models/{TINY}/explain", params=ROUTING, json=body(*images)).json()["explanations"]
+    alone = client.post(f"/v1/models/{TINY}/explain", params=ROUTING, json=body(images[1])).json()["explanations"][0]
     np.testing.assert_allclose(np.array(batch[1]["grid"]), np.array(alone["grid"]), atol=ATOL)
     np.testing.assert_allclose(np.array(batch[1]["heatmap"]), np.array(alone["heatmap"]), atol=ATOL)
     assert batch[1]["class"] == alone["class"]
 
 
 def test_explain_png_is_an_upscaled_colour_overlay(client: TestClient) -> None:
-    r = client.post(f"/v1/models/{TINY}/explain", params={"format": "png", "scale": 4}, json=body(sample_images(1)[0]))
+    params = {"format": "png", "scale": 4, **ROUTING}
+    r = client.post(f"/v1/models/{TINY}/explain", params=params, json=body(sample_images(1)[0]))
     assert r.status_code == 200 and r.headers["content-type"] == "image/png"
     picture = Image.open(io.BytesIO(r.content))
     assert picture.mode == "RGB" and picture.size == (112, 112)
@@ -151,10 +154,10 @@ def test_explain_rejects_bad_options(
 
 
 def test_explain_without_the_output_is_409(client: TestClient) -> None:
-    r = client.post(f"/v1/models/{EM_LIKE}/explain", json=body(sample_images(1)[0]))
+    r = client.post(f"/v1/models/{EM_LIKE}/explain", params=ROUTING, json=body(sample_images(1)[0]))
     assert r.status_code == 409
     assert r.json()["type"] == "model_capability"
-    assert r.json()["error"].startswith(f"model {EM_LIKE!r} cannot explain its routing: its graph has no explanation")
+    assert r.json()["error"].startswith(f"model {EM_LIKE!r} has no routing map: its graph has no explanation")
 
 
 def test_explain_bad_image_is_400(client: TestClient) -> None:
@@ -303,7 +306,7 @@ def test_a_model_without_decoder_is_scored_on_its_activations(
     items = ood_client.post(f"/v1/models/{EM_CALIBRATED}/classify", json=body(*images)).json()["predictions"]
     assert [i["ood_score"] for i in items] == pytest.approx(score.tolist(), abs=1e-5)
     assert items[-1]["in_distribution"] is False
-    r = ood_client.post(f"/v1/models/{EM_CALIBRATED}/explain", json=body(images[0]))
+    r = ood_client.post(f"/v1/models/{EM_CALIBRATED}/explain", params=ROUTING, json=body(images[0]))
     assert r.status_code == 409
 
 

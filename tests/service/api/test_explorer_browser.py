@@ -283,18 +283,27 @@ def test_reconstruction_loads_and_the_sliders_change_it(tab: Tab, server: Server
 EXPLANATION_SIZE = "() => { const i = document.getElementById('explanation'); return i.complete ? i.naturalWidth : 0; }"
 
 
-def test_routing_explanation_shows_and_switches_class(tab: Tab, server: Server) -> None:
+def test_explanation_shows_the_default_method_and_switches_method_and_class(tab: Tab, server: Server) -> None:
     page = tab.page
     model = server.default
-    assert model["has_explanation"], "the default model should have the routing-map output"
+    assert model["explain_methods"] == ["occlusion", "routing"], "the default model should offer both methods"
     draw_seven(page)
     predicted = wait_prediction(page)
     wait_until(page, f"() => ({EXPLANATION_SIZE})() > 0")
     assert page.evaluate(EXPLANATION_SIZE) == 28 * 8  # the 28×28 overlay at scale 8
-    assert f"“{predicted}”" in str(page.locator("#explain-caption").text_content())
+    caption = page.locator("#explain-caption")
+    wait_until(page, "() => document.getElementById('explain-meaning').textContent.length > 0")
+    assert page.locator("#explain-method").input_value() == "occlusion"
+    assert f"Occlusion for “{predicted}”" in str(caption.text_content())
+    meaning = str(page.locator("#explain-meaning").text_content())
+    assert "the ink the model needs" in meaning and ("random 10%" in meaning or "not been measured" in meaning)
+    page.select_option("#explain-method", "routing")
+    wait_until(page, "() => document.getElementById('explain-caption').textContent.startsWith('Routing map')")
+    assert "not what the score depends on" in str(page.locator("#explain-meaning").text_content())
     other = next(c for c in model["classes"] if c != predicted)
     page.select_option("#explain-class", index=model["classes"].index(other))
     wait_until(page, f"() => document.getElementById('explain-caption').textContent.includes('“{other}”')")
+    assert str(caption.text_content()).startswith("Routing map")  # the method stays as chosen
     wait_idle(page)
     assert page.locator("#error").is_hidden()
     tab.check_clean()
@@ -367,9 +376,11 @@ def test_a_model_without_decoder_shows_4x4_poses_and_no_reconstruction(tab: Tab,
     notice = page.locator("#no-decoder")
     assert notice.is_visible() and "no decoder" in str(notice.text_content())
     assert page.locator("#recon-controls").is_hidden() and page.locator("#recon-figure").is_hidden()
-    no_explanation = page.locator("#no-explanation")
-    assert no_explanation.is_visible() and "cannot explain its routing" in str(no_explanation.text_content())
-    assert page.locator("#explain-controls").is_hidden()
+    assert page.locator("#no-explanation").is_hidden()  # occlusion explains any model: only the routing map is off
+    wait_until(page, "() => document.getElementById('explain-caption').textContent.startsWith('Occlusion')")
+    assert (
+        page.locator("#explain-method").is_disabled() and page.locator("#explain-method").input_value() == "occlusion"
+    )
     screenshot(page, "explorer-no-decoder.png")
     tab.check_clean()
 
