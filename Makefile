@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 DATA_DIR ?= ../shared/data/mnist
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# gRPC's port; empty: capsnet-serve takes PORT + 1 (8001 beside the default 8000). 0 turns gRPC off.
+GRPC_PORT ?=
 
 .PHONY: test lint typecheck pytest serve serve-install dev-install benchmark image-smoke proto clean
 
@@ -37,7 +39,7 @@ pytest: $(VENV)/.dev-installed
 test: lint typecheck pytest
 
 serve: $(VENV)/.serve-installed
-	$(BIN)/capsnet-serve --host $(HOST) --port $(PORT)
+	$(BIN)/capsnet-serve --host $(HOST) --port $(PORT) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT))
 
 benchmark: $(VENV)/.dev-installed
 	$(BIN)/python -m training.benchmark

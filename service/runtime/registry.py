@@ -6,13 +6,12 @@ import asyncio
 import logging
 import math
 
-import onnxruntime as ort
-
 from service.core.config import Settings
 from service.core.errors import ModelNotFound, ModelNotReady
 from service.core.metrics import Metrics
 from service.runtime.batcher import BatchingPolicy
 from service.runtime.model import ModelState, RuntimeOptions, ServedModel
+from service.runtime.model_dir import provider_summary
 from service.runtime.repository import scan_repository
 from service.runtime.slots import RunSlots
 
@@ -57,10 +56,8 @@ class ModelRegistry:
             logger.error(self.load_error)
         options = self.options
         logger.info(
-            "execution provider %s (CAPSNET_PROVIDER; onnxruntime offers %s), %d intra-op threads, "
-            "%d parallel runs under load",
-            options.provider,
-            ort.get_available_providers(),
+            "execution provider %s; %d intra-op threads, %d parallel runs under load",
+            provider_summary(options.provider),
             options.intra_op_threads,
             options.parallel_runs,
         )
@@ -69,6 +66,12 @@ class ModelRegistry:
             model.start()
             self._record(model)
         self._default = self._choose_default()
+        if self._default is not None and self._default not in self.models:
+            self.load_error = (
+                f"the default model {self._default!r} (CAPSNET_DEFAULT_MODEL) is not in the repository; "
+                f"served models: {sorted(self.models)}"
+            )
+            logger.error(self.load_error)
         self.started = True
         ready = [m.name for m in self.models.values() if m.ready]
         logger.info(
@@ -101,8 +104,10 @@ class ModelRegistry:
 
     @property
     def ready(self) -> bool:
-        """Loading is over and at least one model serves (the Kubernetes readiness)."""
-        return self.started and any(m.ready for m in self.models.values())
+        """Loading is over, at least one model serves and so does the default model's name (the Kubernetes
+        readiness)."""
+        named = self._default is None or self._default in self.models
+        return self.started and named and any(m.ready for m in self.models.values())
 
     @property
     def all_ready(self) -> bool:

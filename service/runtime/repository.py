@@ -37,9 +37,13 @@ def read_model_directory(path: Path) -> ModelDirectory:
 
 
 def model_directories(root: Path) -> list[Path]:
-    """The sub-directories of `root` that hold a card, sorted by name (nothing is read or verified)."""
+    """The sub-directories of `root` that hold a card, sorted by name (nothing is read or verified); `root` alone
+    when it holds a card itself (a repository of one model)."""
     if not root.is_dir():
         raise FileNotFoundError(f"model repository {root} is not a directory")
+    if is_model_dir(root):
+        logger.info("%s is a model directory: serving it alone", root)
+        return [root]
     found = []
     for path in sorted(p for p in root.iterdir() if p.is_dir()):
         if is_model_dir(path):

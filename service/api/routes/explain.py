@@ -42,7 +42,7 @@ def require_explanation(model: ServedModel) -> ModelCard:
         raise ModelCapabilityError(
             f"model {model.name!r} cannot explain its routing: its graph has no explanation output (role "
             f"'explanation'; outputs: {[o.name for o in card.outputs]}). Dynamic-routing models exported before it "
-            "existed gain it with `capsnet-export --from-model-dir DIR --out DIR`"
+            "existed gain it with `capsnet-export --from-model-dir DIR --out DIR --force`"
         )
     return card
 

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
-from service.api.deps import RegistryDep, named_model
+from service.api.deps import RegistryDep, known_query_parameters, named_model
 from service.api.schemas import ErrorV1, ModelDetail, ModelList, ModelSummary
 from service.runtime.model import ServedModel
 
-router = APIRouter(tags=["v1"])
+router = APIRouter(tags=["v1"], dependencies=[Depends(known_query_parameters)])
 
 
 def summary(model: ServedModel) -> ModelSummary:
