@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from model.capsnet import count_parameters
-from service.runtime.model_dir import DECODER_FILE, GRAPH_FILE, ModelDirError, read_card, sha256_file
+from service.runtime.model_dir import DECODER_FILE, GRAPH_FILE, sha256_file
 from training.architectures import ExportSpec, get_architecture
 from training.checkpoint import load_model, training_command
 from training.data import DATA_DIR_ENV, MNISTSplit, load_split
@@ -36,6 +36,7 @@ from training.export_dir import (
     MIN_OPSET,
     PROGRAM,
     Artifacts,
+    check_out_dir,
     check_request,
     write_model_dir,
 )
@@ -289,21 +290,6 @@ def _summary(card: dict[str, Any], out_dir: Path, dry_run: bool) -> dict[str, An
     }
 
 
-def check_out(out: Path, force: bool) -> None:
-    """Refuse to replace an existing model directory (or any non-empty directory) unless `force`."""
-    if force or not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return
-    try:
-        card = read_card(out)
-        what = f"holds model {card.get('name')!r} version {card.get('version')}"
-    except ModelDirError:
-        what = "exists" if out.is_dir() else "exists and is not a directory"
-    raise ExportError(
-        f"--out {out} {what}: export to a new name (e.g. --out {out.parent / (out.name + '-2')}), or pass --force "
-        "to replace it"
-    )
-
-
 def next_steps(out: Path, data_dir: str | None) -> list[str]:
     """What to run after an export: evaluate, calibrate the "not a digit" score, serve."""
     data = data_dir_option(data_dir)
@@ -399,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or out.resolve().name
     try:
         if not args.dry_run:
-            check_out(out, args.force)
+            check_out_dir(out, args.force)
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / name if args.dry_run else out
             evaluate = not (args.dry_run or args.no_evaluate)

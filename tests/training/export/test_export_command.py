@@ -67,7 +67,7 @@ def test_an_existing_model_directory_is_not_replaced_without_force(
     done = export(str(checkpoint), "--out", str(out), *FAST)
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1] == (
-        f"capsnet-export: error: --out {out} holds model 'my-capsnet' version 1: export to a new name (e.g. --out "
+        f"capsnet-export: error: --out {out} holds model 'my-capsnet' version 1: write to a new name (e.g. --out "
         f"{out.parent / 'my-capsnet-2'}), or pass --force to replace it"
     )
     assert digest(out) == before
@@ -82,7 +82,7 @@ def test_a_non_empty_directory_is_refused_and_an_empty_one_is_used(checkpoint: P
     (tmp_path / "notes" / "todo.txt").write_text("mine")
     done = export(str(checkpoint), "--out", str(tmp_path / "notes"), *FAST)
     assert done.returncode == 2
-    assert f"capsnet-export: error: --out {tmp_path / 'notes'} exists: export to a new name" in done.stderr
+    assert f"capsnet-export: error: --out {tmp_path / 'notes'} exists: write to a new name" in done.stderr
     assert (tmp_path / "notes" / "todo.txt").read_text() == "mine" and len(list((tmp_path / "notes").iterdir())) == 1
     (tmp_path / "empty").mkdir()
     assert export(str(checkpoint), "--out", str(tmp_path / "empty"), *FAST).returncode == 0
