@@ -7,6 +7,9 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # gRPC's port; empty: capsnet-serve takes PORT + 1 (8001 beside the default 8000). 0 turns gRPC off.
 GRPC_PORT ?=
+# Said once, when the commands are installed: they live in the venv, which nothing puts on PATH.
+PATH_HINT = The capsnet-* commands are in $(BIN), not on PATH: run them as $(BIN)/capsnet-train ..., or after \
+	'source $(BIN)/activate' (once per shell) as capsnet-train ...
 
 .PHONY: test lint typecheck pytest serve serve-install dev-install benchmark image-smoke proto clean
 
@@ -18,11 +21,13 @@ $(BIN)/python:
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[training,dev]'
 	touch $@
+	@echo "$(PATH_HINT)"
 
 # Serving install only: no torch.
 $(VENV)/.serve-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
+	@echo "$(PATH_HINT)"
 
 dev-install: $(VENV)/.dev-installed
 
