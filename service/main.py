@@ -248,13 +248,16 @@ def bind_advice(error: OSError, host: str, port: int, option: str) -> str:
     return f"choose another with {setting}{example}"
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before any model loads, so that a taken port fails at once with one clear line."""
+def listening_socket(host: str, port: int, grpc_port: int = 0) -> socket.socket:
+    """The server's socket, bound before any model loads, so that a taken port fails at once with one clear line;
+    `grpc_port` (0: none) is checked the same way (gRPC binds it when the app starts)."""
     try:
         sock = _probe(host, port)
     except OSError as e:
         advice = bind_advice(e, host, port, "port")
         sys.exit(f"capsnet-serve: cannot listen on {host}:{port}: {e.strerror or e}; {advice}")
+    if grpc_port:
+        check_grpc_port(host, grpc_port)
     address = f"[{host}]" if ":" in host else host
     logger.info("listening on http://%s:%d (Ctrl-C to quit)", address, sock.getsockname()[1])
     return sock
@@ -289,6 +292,8 @@ def check_repository(settings: Settings) -> None:
             f"capsnet-serve: no model directories (with model.json) in {settings.model_repository}: pass a "
             "directory of model directories, or one model directory"
         )
+    if found == [settings.model_repository]:
+        logger.info("%s is a model directory: serving it alone", settings.model_repository)
     names = sorted(path.resolve().name for path in found)
     if settings.default_model is not None and settings.default_model not in names:
         match = closest(settings.default_model, names)
@@ -338,9 +343,7 @@ def http_server(settings: Settings, app: FastAPI) -> DrainingServer:
 
 def serve(settings: Settings, app: FastAPI) -> None:
     """Run `app` until SIGTERM or Ctrl-C; exit 1 if it could not start."""
-    if settings.grpc_port:
-        check_grpc_port(settings.host, settings.grpc_port)
-    sock = listening_socket(settings.host, settings.port)
+    sock = listening_socket(settings.host, settings.port, settings.grpc_port)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found; this one makes a
     # graceful shutdown exit with status 0 instead of dying by the signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))

@@ -42,7 +42,7 @@ def model_directories(root: Path) -> list[Path]:
     if not root.is_dir():
         raise FileNotFoundError(f"model repository {root} is not a directory")
     if is_model_dir(root):
-        logger.info("%s is a model directory: serving it alone", root)
+        logger.debug("%s is a model directory: a repository of one", root)
         return [root]
     found = []
     for path in sorted(p for p in root.iterdir() if p.is_dir()):
