@@ -47,7 +47,7 @@ serve: $(VENV)/.serve-installed
 	$(BIN)/capsnet-serve --host $(HOST) --port $(PORT) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT))
 
 benchmark: $(VENV)/.dev-installed
-	$(BIN)/python -m training.benchmark
+	$(BIN)/python -m training.benchmarks.speed
 
 # Release check of the container image (README, "Deploy"): builds the CPU image with docker or podman, runs it,
 # checks it, removes it; the last line is `image capsnet-serve:cpu NNN MB`. Needs no virtual environment.

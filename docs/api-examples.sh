@@ -14,7 +14,7 @@ trap 'kill $SERVER 2>/dev/null || true; rm -rf "$WORK"' EXIT
 # The first MNIST test image (a 7) as seven.png, from the official files.
 "$BIN/python" - "$WORK/seven.png" <<'PY'
 import sys
-from training.data import load_split, to_float
+from training.data.mnist import load_split, to_float
 from service.imaging import array_to_png
 split = load_split(None, "test")
 open(sys.argv[1], "wb").write(array_to_png(to_float(split.images[:1])[0, 0]))

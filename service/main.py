@@ -24,7 +24,7 @@ from fastapi.telemetry import TelemetryConfig
 from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
-from service.api.coalesce import CoalescingHttpToolsProtocol
+from service.api.connection import ConnectionLimits, guarded_protocol
 from service.api.deps import bearer_auth
 from service.api.fastpath import FastPath
 from service.api.middleware import ServiceMiddleware
@@ -324,15 +324,20 @@ class DrainingServer(uvicorn.Server):
 
 
 def http_server(settings: Settings, app: FastAPI) -> DrainingServer:
-    """The uvicorn server for `app`, its request tasks made known to the fast path."""
+    """The uvicorn server for `app`, its request tasks made known to the fast path; its connections bounded by the
+    `http_*` settings (service.api.connection); no `server` banner, `nosniff` on every response."""
+    refused = app.state.metrics.connections_refused
+    limits = ConnectionLimits.from_settings(settings, refused=lambda reason: refused.labels(reason=reason).inc())
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
-        http=CoalescingHttpToolsProtocol,  # one write per response instead of two (service.api.coalesce)
+        http=guarded_protocol(limits),  # one write per response (service.api.coalesce), limits checked
         timeout_graceful_shutdown=round(settings.shutdown_timeout_s),
+        server_header=False,
+        headers=[("X-Content-Type-Options", "nosniff")],
     )
     server = DrainingServer(config, settings.shutdown_read_grace_s)
     # uvicorn's request tasks, one per HTTP request read on any connection until it is answered: the fast path

@@ -65,20 +65,20 @@ def _run(module: str, prog: str) -> int:
 
 
 def train() -> int:
-    return _run("training.train", "capsnet-train")
+    return _run("training.fitting.train", "capsnet-train")
 
 
 def evaluate() -> int:
-    return _run("training.evaluate", "capsnet-evaluate")
+    return _run("training.fitting.evaluate", "capsnet-evaluate")
 
 
 def export() -> int:
-    return _run("training.export", "capsnet-export")
+    return _run("training.export.exporter", "capsnet-export")
 
 
 def quantize() -> int:
-    return _run("training.quantize", "capsnet-quantize")
+    return _run("training.quantize.static", "capsnet-quantize")
 
 
 def ood() -> int:
-    return _run("training.ood", "capsnet-ood")
+    return _run("training.ood.calibrate", "capsnet-ood")

@@ -1,12 +1,12 @@
 """The hot v1 operations (classify and capsules, default or named model) served by one pure-ASGI handler in
 front of FastAPI's router: no routing, dependency solving or response classes per request.
 
-It answers only the plain case: `POST` with no query string, a `Content-Length` body, a valid bearer token
-where one is needed, a ready model and images that decode. Everything else goes on untouched to the FastAPI
-route (with the body replayed when it was already read), so every error, option and status stays exactly as
-the route answers it. The response is built by the route's own function (`classify_result`,
-`capsules_result`), so both answer with the same JSON. Errors of the inference itself (overloaded, timed
-out, shutting down) are answered here as the error handlers would, rather than running the batch twice.
+It takes only the plain case: `POST` with no query string, a `Content-Length` body, a valid bearer token
+where one is needed, a ready model and an image media type. Everything else goes on untouched to the FastAPI
+route, so every option and status stays exactly as the route answers it. The response is built by the route's
+own function (`classify_result`, `capsules_result`), so both answer with the same JSON. Errors once the body is
+read (a bad image, too many, an overloaded model) are answered here by the handlers' own function
+(`service_error_response`), so a body is parsed once and a batch never runs twice.
 """
 
 from __future__ import annotations
@@ -133,13 +133,14 @@ class FastPath:
             return
         (operation, name), (model, card, content_type) = target, served
         messages = await self.read_body(receive)
-        batch = await self.read(scope, messages, content_type, card)
-        if batch is None:  # a client error: the route answers it, from the same body
+        if messages[-1]["type"] != "http.request":  # the client went away: the route answers it as it does
             await self.app(scope, replay(messages, receive), send)
             return
         scope["route"] = self.templates[operation, name is not None]
         scope["path_params"] = {} if name is None else {"name": name}
-        try:
+        body = b"".join(m.get("body", b"") for m in messages)
+        try:  # a client error in the body is answered here, as the route's handler would: the body is parsed once
+            batch = await self.read(scope, body, content_type, card)
             outputs = await model.infer(batch.array, alone=self.alone())
         except ServiceError as e:
             await service_error_response(scope["method"], scope["path"], e)(scope, receive, send)
@@ -190,15 +191,6 @@ class FastPath:
             messages.append(await receive())
         return messages
 
-    async def read(
-        self, scope: Scope, messages: list[Message], content_type: str, card: ModelCard
-    ) -> ImageBatch | None:
-        """The images of the request's whole body (None for a client disconnect or any client error: the route
-        answers it)."""
-        if messages[-1]["type"] != "http.request":
-            return None
-        body = b"".join(m.get("body", b"") for m in messages)
-        try:
-            return await images_from_body(content_type, body, card, self.state.settings, DEFAULT_OPTIONS)
-        except ServiceError:
-            return None
+    async def read(self, scope: Scope, body: bytes, content_type: str, card: ModelCard) -> ImageBatch:
+        """The images of the request's whole body, as the route reads them (a ServiceError for a client error)."""
+        return await images_from_body(content_type, body, card, self.state.settings, DEFAULT_OPTIONS)

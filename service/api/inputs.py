@@ -15,7 +15,7 @@ from PIL import Image
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from service.api.multipart import MalformedMultipart, parse_multipart
+from service.api.multipart import MalformedMultipart, TooManyParts, parse_multipart
 from service.api.schemas import ImageInput, ImagesRequest, InputInfo
 from service.core.config import Settings, env_name
 from service.core.errors import InvalidInput, PayloadTooLarge, ServiceError, UnsupportedMediaType, describe_errors
@@ -31,6 +31,10 @@ INLINE_PIXELS = 128 * 128
 IMAGE_CONTENT_TYPES = "multipart/form-data (image files) or application/json ({'images': [...]})"
 # The setting behind each ImageLimits field, named in the 413 a client gets for going over it.
 LIMIT_SETTINGS = {"max_pixels": "max_image_pixels", "max_bytes": "max_image_bytes"}
+# JSON bodies up to this size are parsed on the event loop (a 28×28 array is ~4 KB); larger ones on a worker thread.
+INLINE_JSON_BYTES = 64 * 1024
+# Room in a JSON body's value budget (`check_json_values`) for the fields around the tensors.
+JSON_SLACK_VALUES = 1024
 
 
 @dataclass(frozen=True)
@@ -66,23 +70,45 @@ def image_error(e: ImageDecodeError, where: str) -> ServiceError:
     return InvalidInput(message)
 
 
-async def read_json(request: Request) -> Any:
-    """The body parsed as JSON; 415 for another content type, 400 for malformed JSON."""
+async def read_json(request: Request, cls: type[M], most_values: int, setting: str) -> M:
+    """The body parsed as JSON into `cls`; 415 for another content type, 413 for more than `most_values` values
+    (`check_json_values`, naming `setting`), 400 for malformed JSON or a body `cls` refuses."""
     if media_type(request) != "application/json":
         raise UnsupportedMediaType(
             f"unsupported content type {media_type(request) or '(none)'!r}; send application/json"
         )
-    return parse_json(await request.body())
+    body = await request.body()
+    check_json_values(body, most_values, setting)
+    return await parse_body(cls, body)
 
 
 def parse_json(body: bytes) -> Any:
-    """JSON from the client: 400 for bytes that are not JSON, or JSON nested too deeply for the parser."""
+    """JSON from the client: 400 for bytes that are not JSON, an integer too long to convert, or JSON nested too
+    deeply for the parser."""
     try:
         return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
         raise InvalidInput(f"malformed JSON: {e}") from e
     except RecursionError as e:
         raise InvalidInput("malformed JSON: nested too deeply") from e
+
+
+def check_json_values(body: bytes, most: int, setting: str) -> None:
+    """413 for a JSON body with more than `most` values, before it is parsed: each comma separates two (a comma in a
+    string counts too, so this is an upper bound), counted at memory speed. Parsing costs per value, not per byte:
+    a body of many tiny values would otherwise hold the event loop (or the GIL) for seconds before its count is
+    known."""
+    if (values := body.count(b",") + 1) > most:
+        raise PayloadTooLarge(
+            f"JSON body too large: {values} values or more, the most a request may need is {most} ({setting})"
+        )
+
+
+async def parse_body(cls: type[M], body: bytes) -> M:
+    """JSON `body` validated as `cls`; above INLINE_JSON_BYTES on a worker thread, so the event loop reads on."""
+    if len(body) <= INLINE_JSON_BYTES:
+        return parse_model(cls, parse_json(body))
+    return await run_in_threadpool(lambda: parse_model(cls, parse_json(body)))
 
 
 def parse_model(cls: type[M], data: Any) -> M:
@@ -142,24 +168,52 @@ class ImageTarget:
     limits: ImageLimits
 
 
-async def prepare_encoded(
-    data: bytes, source: str, filename: str | None, where: str, target: ImageTarget
-) -> tuple[np.ndarray, InputInfo]:
+@dataclass(frozen=True)
+class Encoded:
+    """One encoded image of a request, its header read (`open_image`): its pixels not decoded yet."""
+
+    image: Image.Image
+    source: str
+    filename: str | None
+    where: str
+
+
+def open_encoded(data: bytes, source: str, filename: str | None, where: str, limits: ImageLimits) -> Encoded:
     try:
-        img = open_image(data, target.limits)  # the header only: limits checked before any pixel is decoded
+        return Encoded(open_image(data, limits), source, filename, where)  # the per-image limits, from the header
+    except ImageDecodeError as e:
+        raise image_error(e, where) from e
+
+
+async def prepare_encoded(encoded: Encoded, target: ImageTarget) -> tuple[np.ndarray, InputInfo]:
+    img = encoded.image
+    try:
         if img.width * img.height <= INLINE_PIXELS:
             array, inverted, normalized = prepare_image(img, target.size, target.options)
         else:
             array, inverted, normalized = await run_in_threadpool(prepare_image, img, target.size, target.options)
     except ImageDecodeError as e:
-        raise image_error(e, where) from e
-    return array, InputInfo(source=source, filename=filename, inverted=inverted, normalized=normalized)
+        raise image_error(e, encoded.where) from e
+    return array, InputInfo(source=encoded.source, filename=encoded.filename, inverted=inverted, normalized=normalized)
 
 
-def multipart_files(content_type: str, body: bytes) -> list[tuple[bytes, str | None]]:
-    """The file parts of a multipart body as (bytes, filename); a form field is a client mistake."""
+def check_request_pixels(images: list[Encoded], settings: Settings) -> None:
+    """413 when the request's images have more pixels together than `max_request_pixels` (read from headers)."""
+    total = sum(e.image.width * e.image.height for e in images)
+    if total > settings.max_request_pixels:
+        raise PayloadTooLarge(
+            f"the request's {len(images)} images have {total} pixels together, more than the limit of "
+            f"{settings.max_request_pixels} ({env_name('max_request_pixels')})"
+        )
+
+
+def multipart_files(content_type: str, body: bytes, settings: Settings) -> list[tuple[bytes, str | None]]:
+    """The file parts of a multipart body as (bytes, filename); a form field is a client mistake; 413 for more
+    parts than images allowed, counted before the body is parsed."""
     try:
-        parts = parse_multipart(content_type, body)
+        parts = parse_multipart(content_type, body, max_parts=settings.max_images_per_request)
+    except TooManyParts as e:
+        raise PayloadTooLarge(too_many_images(str(e.parts), settings)) from e
     except MalformedMultipart as e:
         raise InvalidInput(f"malformed multipart body: {e}") from e
     for part in parts:
@@ -170,14 +224,18 @@ def multipart_files(content_type: str, body: bytes) -> list[tuple[bytes, str | N
     return [(bytes(part.data), part.filename) for part in parts]
 
 
+def too_many_images(count: str, settings: Settings) -> str:
+    return (
+        f"too many images: {count} in one request, the limit is {settings.max_images_per_request} "
+        f"({env_name('max_images_per_request')})"
+    )
+
+
 def check_count(n: int, settings: Settings) -> None:
     if n == 0:
         raise InvalidInput("no images in the request")
     if n > settings.max_images_per_request:
-        raise PayloadTooLarge(
-            f"too many images: {n} in one request, the limit is {settings.max_images_per_request} "
-            "(CAPSNET_MAX_IMAGES_PER_REQUEST)"
-        )
+        raise PayloadTooLarge(too_many_images(str(n), settings))
 
 
 def as_model_input(arrays: list[np.ndarray], card: ModelCard) -> np.ndarray:
@@ -209,34 +267,44 @@ async def read_images(request: Request, card: ModelCard, settings: Settings, opt
 async def images_from_body(
     content_type: str, body: bytes, card: ModelCard, settings: Settings, options: PreprocessOptions
 ) -> ImageBatch:
-    """`read_images` for a body already read (the fast path has it in hand): the same checks and errors."""
+    """`read_images` for a body already read (the fast path has it in hand): the same checks and errors. Every
+    limit is checked before the work it bounds: the image count before parsing, every image's header (its size
+    and the request's pixels) before any image is decoded."""
     limits = ImageLimits(max_pixels=settings.max_image_pixels, max_bytes=settings.max_image_bytes)
     target = ImageTarget(card.image_size, options, limits)
     kind = check_image_media(content_type)
-    arrays: list[np.ndarray] = []
-    info: list[InputInfo] = []
+    images: list[Encoded | np.ndarray] = []  # in request order: encoded images, or raw arrays already prepared
     if kind == "multipart/form-data":
-        files = multipart_files(content_type, body)
+        files = multipart_files(content_type, body, settings)
         check_count(len(files), settings)
         for i, (data, filename) in enumerate(files):
-            array, meta = await prepare_encoded(data, "file", filename, f"file {i} ({filename})", target)
-            arrays.append(array)
-            info.append(meta)
+            images.append(open_encoded(data, "file", filename, f"file {i} ({filename})", limits))
     else:
-        parsed = parse_model(ImagesRequest, parse_json(body))
+        height, width = card.image_size
+        check_json_values(body, settings.max_images_per_request * (height * width + 2) + JSON_SLACK_VALUES,
+                          env_name("max_images_per_request"))  # fmt: skip
+        parsed = await parse_body(ImagesRequest, body)
         check_count(len(parsed.images), settings)
         for i, image in enumerate(parsed.images):
-            array, meta = await read_json_image(image, f"images[{i}]", target)
-            arrays.append(array)
-            info.append(meta)
+            images.append(json_image(image, f"images[{i}]", target))
+    check_request_pixels([e for e in images if isinstance(e, Encoded)], settings)
+    arrays: list[np.ndarray] = []
+    info: list[InputInfo] = []
+    for item in images:
+        if isinstance(item, np.ndarray):
+            array, meta = item, InputInfo(source="array", inverted=False, normalized=False)  # used as sent
+        else:
+            array, meta = await prepare_encoded(item, target)
+        arrays.append(array)
+        info.append(meta)
     return ImageBatch(as_model_input(arrays, card), info)
 
 
-async def read_json_image(image: ImageInput, where: str, target: ImageTarget) -> tuple[np.ndarray, InputInfo]:
+def json_image(image: ImageInput, where: str, target: ImageTarget) -> Encoded | np.ndarray:
+    """A JSON image: base64 data with its header read, or a raw array checked and scaled to [0, 1]."""
     if image.data is not None:
-        return await prepare_encoded(decode_base64(image.data, where), "base64", None, where, target)
+        return open_encoded(decode_base64(image.data, where), "base64", None, where, target.limits)
     try:
-        array = array_from_pixels(image.array, target.size)
+        return array_from_pixels(image.array, target.size)
     except ImageDecodeError as e:
         raise image_error(e, f"{where}.array") from e
-    return array, InputInfo(source="array", inverted=False, normalized=False)

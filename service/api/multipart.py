@@ -16,6 +16,14 @@ class MalformedMultipart(ValueError):
     """The body is not valid multipart/form-data; str() says why."""
 
 
+class TooManyParts(ValueError):
+    """The body has more parts than allowed (counted by their delimiters, before any part is parsed)."""
+
+    def __init__(self, parts: int) -> None:
+        super().__init__(f"{parts} parts")
+        self.parts = parts
+
+
 @dataclass
 class Part:
     name: str
@@ -64,16 +72,19 @@ class _Collector:
         self.parts[-1].data += data[start:end]
 
 
-def parse_multipart(content_type: str, body: bytes) -> list[Part]:
+def parse_multipart(content_type: str, body: bytes, max_parts: int | None = None) -> list[Part]:
     """Every part of a multipart/form-data `body`, in order.
 
     Raises:
-        MalformedMultipart: no boundary in `content_type`, or a body that does not parse.
+        MalformedMultipart: no boundary in `content_type` (or one the parser refuses), or a body that does not parse.
+        TooManyParts: more than `max_parts` delimiters in the body (checked before parsing it).
     """
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary:
         raise MalformedMultipart("Missing boundary in multipart.")
+    if max_parts is not None and (parts := body.count(b"--" + boundary) - 1) > max_parts:
+        raise TooManyParts(parts)
     single = single_part(boundary, body)
     return [single] if single is not None else _parse(boundary, body)
 
@@ -82,8 +93,8 @@ def single_part(boundary: bytes, body: bytes) -> Part | None:
     """The one part of the plainest body (one part; its only headers a Content-Disposition and perhaps a
     Content-Type; no preamble, padding or epilogue), found with a few `bytes.find`s; None for any other body, which
     python-multipart then reads. Its state machine walks the part's headers a byte at a time in Python, a lone
-    request's cost that cold caches after a model run multiply (docs/serving-performance.md, session 12);
-    tests/service/test_multipart.py checks that whatever this returns is what python-multipart returns."""
+    request's cost that cold caches after a model run multiply (docs/serving-performance.md);
+    tests/service/api/test_multipart.py checks that whatever this returns is what python-multipart returns."""
     opening, closing = b"--" + boundary + b"\r\n", b"\r\n--" + boundary + b"--\r\n"
     if not (body.startswith(opening) and body.endswith(closing)):
         return None
@@ -112,17 +123,20 @@ def single_part(boundary: bytes, body: bytes) -> Part | None:
 def _parse(boundary: bytes, body: bytes) -> list[Part]:
     """Every part, by python-multipart."""
     collector = _Collector()
-    parser = MultipartParser(
-        boundary,
-        {
-            "on_part_begin": collector.on_part_begin,
-            "on_header_field": collector.on_header_field,
-            "on_header_value": collector.on_header_value,
-            "on_header_end": collector.on_header_end,
-            "on_headers_finished": collector.on_headers_finished,
-            "on_part_data": collector.on_part_data,
-        },
-    )
+    try:
+        parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": collector.on_part_begin,
+                "on_header_field": collector.on_header_field,
+                "on_header_value": collector.on_header_value,
+                "on_header_end": collector.on_header_end,
+                "on_headers_finished": collector.on_headers_finished,
+                "on_part_data": collector.on_part_data,
+            },
+        )
+    except FormParserError as e:  # e.g. a boundary longer than the parser takes
+        raise MalformedMultipart(f"bad boundary: {e}") from e
     try:
         parser.write(body)
         parser.finalize()

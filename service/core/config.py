@@ -129,10 +129,45 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="Largest request body (413 above).")
     max_images_per_request: int = Field(default=64, ge=1, description="Most images (or batch rows) per request.")
     max_image_pixels: int = Field(
-        default=20_000_000, ge=1, description="Largest decoded image (width × height), checked before decoding."
+        default=4_000_000,
+        ge=1,
+        description="Largest image (width × height, e.g. 2000×2000), checked from its header before decoding.",
+    )
+    max_request_pixels: int = Field(
+        default=16_000_000,
+        ge=1,
+        description="Most pixels of all the images of one request together, checked from their headers before any "
+        "is decoded.",
     )
     max_image_bytes: int = Field(
         default=10 * 1024 * 1024, ge=1, description="Largest encoded image (a file part or decoded base64), in bytes."
+    )
+
+    http_max_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers), in bytes (431 above; the connection closes).",
+    )
+    http_max_headers: int = Field(default=100, ge=8, description="Most header fields in a request (431 above).")
+    http_head_timeout_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        description="Time a connection has to send a request's whole head once it began (408, then closed).",
+    )
+    http_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="Time a request has to send its whole body once its head is read (408, then closed).",
+    )
+    http_idle_timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        description="How long a connection may stay open without a request: after it opens, and between requests.",
+    )
+    http_max_connections: int = Field(
+        default=512,
+        ge=1,
+        description="Most open HTTP connections; one more is answered 503 and closed at once.",
     )
 
     auth_tokens_file: Path | None = Field(

@@ -63,6 +63,12 @@ class OutOfDistribution(ServiceError):
     status, type = 422, "out_of_distribution"
 
 
+class NonFiniteOutput(ServiceError):
+    """The model computed NaN or infinity for the request's input: never sent as numbers (JSON has none for them)."""
+
+    status, type = 422, "non_finite_output"
+
+
 class PayloadTooLarge(ServiceError):
     status, type = 413, "payload_too_large"
 
@@ -147,11 +153,11 @@ CLIENT_CLOSED_REQUEST = 499
 
 def http_error_message(request: Request, status: int, detail: str, headers: Mapping[str, str]) -> str:
     """Starlette's bare "Not Found" / "Method Not Allowed", said in full: which route, which methods to use."""
-    if status == 404:
-        return f"no route {request.method} {request.url.path}"
+    if status == 404:  # the path is not echoed: a client's bytes never come back in a page or a log reader
+        return f"no route for {request.method} at this path; see /docs for the routes"
     if status == 405 and headers.get("Allow"):
         allowed = ", ".join(m for m in headers["Allow"].split(", ") if m != "HEAD") or headers["Allow"]
-        return f"method {request.method} is not allowed on {request.url.path}; use {allowed}"
+        return f"method {request.method} is not allowed at this path; use {allowed}"
     return detail
 
 

@@ -29,6 +29,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.connections_refused = Counter(
+            "capsnet_http_connections_refused",
+            "HTTP connections answered and closed by the server itself (service.api.connection), by reason: "
+            "too_many_connections, header_too_large, too_many_headers, head_timeout, body_timeout, invalid_request.",
+            ["reason"],
+            registry=r,
+        )
         self.queue_time = Histogram(
             "capsnet_queue_seconds",
             "Time a request waited for its batch to start.",

@@ -4,8 +4,9 @@
 registry (and so the dynamic batchers), the settings' limits, the metrics and the logging of the HTTP
 server, but not its event loop: calls are served by grpcio's synchronous server, on a pool of threads
 that block while their model runs, so gRPC takes no time from the loop that serves HTTP. One
-interceptor does, for every call: the bearer-token check (the health service stays open), the mapping
-of the service's errors to status codes, and the request metrics.
+interceptor does, for every call: the bearer-token check (health stays open: grpc.health.v1 and the
+protocol's ServerLive and ServerReady), the mapping of the service's errors to status codes, and the
+request metrics.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ HEALTH_PREFIX = f"/{health.SERVICE_NAME}/"
 # the process runs, for a Kubernetes gRPC liveness probe (`grpc: {port: 8001, service: liveness}`).
 LIVENESS = "liveness"
 READINESS_SERVICES = ("", protocol.SERVICE_NAME)
+# Open without a token, as REST's /v2/health/* and grpc.health.v1 are: the protocol's own liveness and readiness.
+OPEN_METHODS = frozenset(f"/{protocol.SERVICE_NAME}/{call}" for call in ("ServerLive", "ServerReady"))
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token: send 'authorization: Bearer <token>'"
@@ -103,6 +106,7 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         allowed = (
             self.check_token is None
             or method.startswith(HEALTH_PREFIX)
+            or method in OPEN_METHODS
             or self.check_token(bearer_token(metadata_value(handler_call_details, "authorization")))
         )
         wrapped = self._handlers.get((method, allowed))

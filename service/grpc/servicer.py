@@ -8,6 +8,7 @@ thread of the gRPC server's pool and blocks it while its model runs (`ServedMode
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import grpc
@@ -15,8 +16,8 @@ import numpy as np
 
 from service.api.routes import v2
 from service.api.schemas import InferenceRequest, RequestInput, RequestOutput
-from service.core.config import Settings
-from service.core.errors import InvalidInput, ModelNotFound
+from service.core.config import Settings, env_name
+from service.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge
 from service.grpc import protocol as pb
 from service.runtime.card import ModelCard
 from service.runtime.model import ServedModel
@@ -45,15 +46,22 @@ def parameter_values(parameters: Any) -> dict[str, Any] | None:
     return values or None
 
 
-def contents_values(tensor: Any) -> list[Any] | None:
-    """The values in the `contents` field that matches the tensor's datatype; None when that field is empty."""
+def contents_values(tensor: Any, most: int | None = None) -> list[Any] | None:
+    """The values in the `contents` field that matches the tensor's datatype; None when that field is empty.
+    More than `most` values: a PayloadTooLarge, before they are copied out of the message."""
     field = CONTENTS_FIELDS.get(tensor.datatype)
-    values = list(getattr(tensor.contents, field)) if field else []
-    return values or None
+    contents = getattr(tensor.contents, field) if field else []
+    if most is not None and len(contents) > most:
+        raise PayloadTooLarge(
+            f"input {tensor.name!r} has {len(contents)} values, more than the most a request may need, {most} "
+            f"({env_name('max_images_per_request')})"
+        )
+    return list(contents) or None
 
 
-def inference_request(request: Any) -> InferenceRequest:
-    """The gRPC request in the REST route's model (raw contents are passed alongside, not in `data`)."""
+def inference_request(request: Any, most_values: int | None = None) -> InferenceRequest:
+    """The gRPC request in the REST route's model (raw contents are passed alongside, not in `data`); a tensor of
+    more than `most_values` typed values is refused before they are converted."""
     raw = bool(request.raw_input_contents)
     return InferenceRequest(
         id=request.id or None,
@@ -64,7 +72,7 @@ def inference_request(request: Any) -> InferenceRequest:
                 shape=list(t.shape),
                 datatype=t.datatype,
                 parameters=parameter_values(t.parameters),
-                data=None if raw else contents_values(t),
+                data=None if raw else contents_values(t, most_values),
             )
             for t in request.inputs
         ],
@@ -149,7 +157,7 @@ class InferenceServicer:
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
         model = self.model(request.model_name, request.model_version)
         card = model.require_ready()
-        req = inference_request(request)
+        req = inference_request(request, self.settings.max_images_per_request * math.prod(card.image_shape))
         v2.check_request(card, req)
         images = input_images(card, request, req, self.settings)
         outputs = model.infer_blocking(images, on_cancel=context.add_callback)

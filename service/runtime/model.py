@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from service.core.errors import ModelCapabilityError, ModelNotReady
+from service.core.errors import ModelCapabilityError, ModelNotReady, NonFiniteOutput
 from service.core.metrics import Metrics
-from service.runtime.batcher import BatchingPolicy, CancelHook, DynamicBatcher, RunFn, Tensors
+from service.runtime.batcher import BatchingPolicy, CancelHook, DynamicBatcher, Rows, RunFn, Tensors
 from service.runtime.model_dir import GRAPH_FILE, ModelCard, active_provider, create_session
 from service.runtime.repository import ModelDirectory
 from service.runtime.slots import RunSlots
@@ -35,6 +35,20 @@ class RuntimeOptions:
     warmup_runs: int
     policy: BatchingPolicy
     parallel_runs: int = 1  # > 1 on the CPU: each graph gets a single-thread session too (`RunSlots`)
+
+
+def finite_rows(inputs: Tensors, outputs: Tensors) -> np.ndarray:
+    """(N,) bool: whether every output of each row of a batch is finite (read-only: shared by the batch's callers)."""
+    finite = np.logical_and.reduce([np.isfinite(v.reshape(len(v), -1)).all(axis=1) for v in outputs.values()])
+    finite.flags.writeable = False
+    return finite
+
+
+def all_finite(outputs: Tensors) -> bool:
+    """Every value of a caller's outputs is finite: read from its batch's `finite_rows`, computed once per batch."""
+    if isinstance(outputs, Rows):
+        return bool(outputs.batch.derived("finite", finite_rows)[outputs.rows].all())
+    return all(np.isfinite(v).all() for v in outputs.values())
 
 
 def _runner(session: ort.InferenceSession, output_names: list[str]) -> RunFn:
@@ -185,12 +199,23 @@ class ServedModel:
         """Images (N, *image_shape) float32 -> every output on the card, keyed by name, batch-major. `alone`: the
         caller knows of no other request in the service (see `DynamicBatcher.submit`)."""
         card = self.require_ready()
-        return await self._batchers["capsnet"].submit({card.input.name: images}, alone)
+        return self.finite(await self._batchers["capsnet"].submit({card.input.name: images}, alone), "capsnet")
 
     def infer_blocking(self, images: np.ndarray, on_cancel: CancelHook | None = None) -> Tensors:
         """`infer` for a caller on its own thread (a gRPC handler), which it blocks; see `submit_blocking`."""
         card = self.require_ready()
-        return self._batchers["capsnet"].submit_blocking({card.input.name: images}, on_cancel)
+        return self.finite(self._batchers["capsnet"].submit_blocking({card.input.name: images}, on_cancel), "capsnet")
+
+    def finite(self, outputs: Tensors, graph: str) -> Tensors:
+        """`outputs` if every value is finite; else a NonFiniteOutput, logged in one line (a model cannot answer
+        NaN or infinity as a number, on any route or encoding)."""
+        if all_finite(outputs):
+            return outputs
+        logger.warning("model %s (%s graph) computed NaN or infinite outputs: refused with 422", self.name, graph)
+        raise NonFiniteOutput(
+            f"model {self.name!r} computed NaN or infinite outputs for this input, which cannot be sent as numbers; "
+            "send inputs like those it was trained on"
+        )
 
     def require_decoder(self) -> ModelCard:
         card = self.require_ready()
@@ -204,7 +229,7 @@ class ServedModel:
         """Poses (N, K, *pose_shape) and mask (N, K) -> reconstruction (N, *image_shape)."""
         card = self.require_decoder()
         assert card.decoder is not None
-        out = await self._batchers["decoder"].submit({"poses": poses, "mask": mask})
+        out = self.finite(await self._batchers["decoder"].submit({"poses": poses, "mask": mask}), "decoder")
         return out[card.decoder.output.name]
 
     def queue_depth(self) -> dict[str, int]:

@@ -46,7 +46,16 @@ class TensorSpec(BaseModel):
 
 
 class InputSpec(TensorSpec):
-    range: tuple[float, float] = (0.0, 1.0)
+    range: tuple[float, float] = Field(
+        default=(0.0, 1.0), description="[low, high]: the values the model takes; the service refuses others"
+    )
+
+    @model_validator(mode="after")
+    def _ordered_range(self) -> InputSpec:
+        low, high = self.range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"input range must be two finite numbers, low < high, got {list(self.range)}")
+        return self
 
 
 class OutputSpec(TensorSpec):
@@ -395,32 +404,52 @@ def default_intra_op_threads() -> int:
     return int(threads) if threads.isdigit() else 0
 
 
-def session_options(intra_op_threads: int | None = None) -> ort.SessionOptions:
-    """The one set of session options: sequential execution, full graph optimisation, no idle spinning."""
+def session_options(
+    intra_op_threads: int | None = None,
+    *,
+    graph_optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    allow_spinning: bool = False,
+    profile_prefix: str | None = None,
+) -> ort.SessionOptions:
+    """The one set of session options: sequential execution, full graph optimisation, no idle spinning.
+
+    The keywords are for benchmarks only: a lower optimisation level, spinning threads, or ONNX Runtime's
+    profiler writing to `profile_prefix`; the service always takes the defaults.
+    """
     options = ort.SessionOptions()
     options.intra_op_num_threads = default_intra_op_threads() if intra_op_threads is None else intra_op_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = graph_optimization
     # Idle worker threads would otherwise spin and take CPU from the event loop that parses requests.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
     options.log_severity_level = 3  # errors only
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     return options
 
 
 def create_session(
-    source: str | os.PathLike[str] | bytes, provider: str = "cpu", intra_op_threads: int | None = None
+    source: str | os.PathLike[str] | bytes,
+    provider: str = "cpu",
+    intra_op_threads: int | None = None,
+    options: ort.SessionOptions | None = None,
 ) -> ort.InferenceSession:
     """A session for a graph file or serialized graph on `provider` (auto, cuda or cpu).
 
-    `intra_op_threads` None: $OMP_NUM_THREADS, else ONNX Runtime's default. With `cuda` forced, a silent
-    fallback to the CPU is an error.
+    `intra_op_threads` None: $OMP_NUM_THREADS, else ONNX Runtime's default. `options` (from `session_options`)
+    replace `session_options(intra_op_threads)`; giving both is an error. With `cuda` forced, a silent fallback
+    to the CPU is an error.
     """
+    if options is not None and intra_op_threads is not None:
+        raise ValueError("create_session: give intra_op_threads or options, not both")
     providers = requested_providers(provider)
     if CUDA in providers:
         preload_cuda_libraries()
     model = source if isinstance(source, bytes) else str(source)
-    session = ort.InferenceSession(model, sess_options=session_options(intra_op_threads), providers=providers)
+    options = options if options is not None else session_options(intra_op_threads)
+    session = ort.InferenceSession(model, sess_options=options, providers=providers)
     actual = session.get_providers()
     if provider == "cuda" and CUDA not in actual:
         name = "the graph" if isinstance(source, bytes) else Path(source).name

@@ -4,7 +4,7 @@ After Frosst, Sabour & Hinton 2018 (DARCCC): a digit is redrawn well by its winn
 reconstruction and has a long winning capsule; a non-digit is not or has not. Each feature below is
 compared with its distribution on reference MNIST images, stored on the card as quantiles; the score is
 the largest -log tail probability over the features, and images scoring above the card's threshold are
-out of distribution. `training.ood` calibrates the card's `ood` object with these same functions, so
+out of distribution. `training.ood.calibrate` calibrates the card's `ood` object with these same functions, so
 the service computes exactly the score that was calibrated. docs/model-card.md specifies the object.
 """
 

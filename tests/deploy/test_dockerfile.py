@@ -183,7 +183,7 @@ def test_cuda_base_matches_the_onnxruntime_gpu_wheel(dockerfile: Dockerfile) -> 
         "model/zoo/capsnet-dynamic/best.pt",
         "model/zoo/capsnet-dynamic/capsnet.ts",
         "model/capsnet.py",
-        "training/train.py",
+        "training/fitting/train.py",
         "tests/service/test_api.py",
         "test-artifacts/report.xml",
         "service/__pycache__/main.cpython-312.pyc",
@@ -225,3 +225,18 @@ def test_every_copied_source_is_in_the_build_context(dockerfile: Dockerfile) -> 
     missing = [s for s in sources if not (REPO_ROOT / s).exists()]
     if missing:
         pytest.skip(f"not in the repository yet, so `docker build` would fail until they land: {missing}")
+
+
+def test_no_benchmark_reaches_the_image() -> None:
+    """The benchmarks, load generators and probes live in training/benchmarks/, which the build context leaves out:
+    the only Python files the context holds are the server's and the build's requirements script."""
+    patterns = dockerignore_patterns()
+    tracked = [
+        p for top in ("model", "service", "training", "tests", "deploy") for p in (REPO_ROOT / top).rglob("*.py")
+    ]
+    in_context = sorted(
+        path for p in tracked if not dockerignore_excludes(path := p.relative_to(REPO_ROOT).as_posix(), patterns)
+    )
+    benchmarks = [p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "training" / "benchmarks").glob("*.py")]
+    assert benchmarks and "service/main.py" in in_context
+    assert [p for p in in_context if not p.startswith("service/") and p != "deploy/requirements.py"] == []

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from model.baseline import BaselineCNN, BaselineConfig
 from model.capsnet import count_parameters
-from training.architectures import get_architecture
+from training.fitting.architectures import get_architecture
 
 
 def meta_parameters(cfg: BaselineConfig) -> int:

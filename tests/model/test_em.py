@@ -18,9 +18,9 @@ from model.config import EMCapsNetConfig
 from model.em import WORKSPACE, EMCapsNet, Workspace, em_layer, em_routing, receptive_field_centres
 from model.em_routing import RoutingGeometry, inverse_temperatures, kron_weight, votes_plain
 from model.losses import spread_loss, spread_margin
-from training import train
-from training.architectures import get_architecture
-from training.data import load_split, to_float
+from training.data.mnist import load_split, to_float
+from training.fitting import train
+from training.fitting.architectures import get_architecture
 
 from . import em_reference
 

@@ -1,4 +1,4 @@
-"""Service fixtures: a tiny model repository (exported with training.export) and clients of the app."""
+"""Service fixtures: a tiny model repository (exported with training.export.exporter) and clients of the app."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def export_tiny(out_dir: Path, name: str, **overrides: Any) -> None:
 
     from model.capsnet import CapsNet
     from model.config import CapsNetConfig
-    from training.export import export_module
+    from training.export.exporter import export_module
 
     torch.manual_seed(0)
     cfg = CapsNetConfig.tiny(**overrides)

@@ -12,12 +12,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.architectures import Architecture
-from training.config import TrainConfig
-from training.data import MNISTSplit
-from training.evaluate import evaluate_torch
-from training.generators import AFFINE_CANVAS, AffineRanges, affine_digits, center_on_canvas, shifted_on_canvas
-from training.loop import DistInfo, Trainer
+from training.data.generators import AFFINE_CANVAS, AffineRanges, affine_digits, center_on_canvas, shifted_on_canvas
+from training.data.mnist import MNISTSplit
+from training.fitting.architectures import Architecture
+from training.fitting.config import TrainConfig
+from training.fitting.evaluate import evaluate_torch
+from training.fitting.loop import DistInfo, Trainer
+from training.fitting.train import ClassificationData, ClassificationTask, TaskFactory
 from training.report.common import (
     Context,
     Saved,
@@ -42,7 +43,6 @@ from training.report.compute import (
     progress_line,
     trained_on,
 )
-from training.train import ClassificationData, ClassificationTask, TaskFactory
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
     out = [
         "## 3. Robustness to affine transformations (affNIST rebuilt)",
         "",
-        "affNIST itself is not available here, so `training.generators.affine_digits` rebuilds it from the "
+        "affNIST itself is not available here, so `training.data.generators.affine_digits` rebuilds it from the "
         f"MNIST test set, one seeded transformation per digit on a {r.canvas}×{r.canvas} canvas: rotation "
         f"θ ∈ [−{r.max_rotation_deg:g}°, {r.max_rotation_deg:g}°], horizontal shear k ∈ [−{r.max_shear:g}, "
         f"{r.max_shear:g}], scale sx, sy ∈ [{r.min_scale:g}, {r.max_scale:g}] independently (all uniform; "

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from model.config import CapsNetConfig
-from training.evaluate import evaluate_torch
+from training.fitting.evaluate import evaluate_torch
 from training.report.common import (
     Context,
     Saved,
@@ -127,7 +127,7 @@ def render_baseline(ctx: Context, saved: Saved | None, reason: str | None) -> st
     out += [
         "Three 5×5 convolutions (256, 256, 128 channels, stride 1, 'same' padding, ReLU, no pooling), fully "
         "connected layers of 328 and 192 units, dropout 0.5, a 10-way softmax with cross entropy "
-        "(`model/baseline.py`, arch `baseline`); 35.4M parameters as in the paper. Trained by `training.train` "
+        "(`model/baseline.py`, arch `baseline`); 35.4M parameters as in the paper. Trained by `training.fitting.train` "
         "with CapsNet's data and augmentation (random shifts of up to 2 pixels), Adam, lr 0.001 decaying by "
         "0.96 per pass over the training set.",
         "",

@@ -15,10 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import training.report
-from training.data import DATA_DIR_ENV, IDXError, resolve_data_dir
-from training.device import DEVICE_CHOICES, resolve_device
-from training.loop import EXIT_UNFINISHED
-from training.machine import cpu_busy_percent
+from training.benchmarks.machine import cpu_busy_percent
+from training.data.mnist import DATA_DIR_ENV, IDXError, resolve_data_dir
+from training.fitting.device import resolve_device
+from training.fitting.loop import EXIT_UNFINISHED
+from training.options import add_data_dir, add_device
 from training.report import affine, baseline, mnist_models, multimnist, perturbation, service_load, speed
 from training.report.common import (
     REPO_ROOT,
@@ -159,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training.report", description=(training.report.__doc__ or "").splitlines()[0]
     )
-    p.add_argument("--data-dir", default=None, help="MNIST IDX directory (default: $CAPSNET_DATA_DIR)")
+    add_data_dir(p)
     p.add_argument("--out", default="docs", help="where REPORT.md and report/ go (default: docs)")
     p.add_argument(
         "--zoo", default=str(REPO_ROOT / "model" / "zoo"), help="bundled model directories (default: model/zoo)"
@@ -218,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: docs/training/capsnet-mnist/from-scratch/metrics.jsonl, the from-scratch run the bundled model "
         "was annealed from)",
     )
-    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="training device (default: auto)")
+    add_device(p, "training device")
     p.add_argument(
         "--amp",
         action="store_true",

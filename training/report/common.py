@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.machine import cpu_model, load_average
-from training.checkpoint import CheckpointMismatch
-from training.config import TrainConfig
-from training.data import MNISTSplit, load_split
-from training.loop import Trainer, within_budget
-from training.machine import machine_description
+from service.contract import cpu_model, load_average
+from training.benchmarks.machine import machine_description
+from training.data.mnist import MNISTSplit, load_split
+from training.fitting.checkpoint import CheckpointMismatch
+from training.fitting.config import TrainConfig
+from training.fitting.loop import Trainer, within_budget
+from training.fitting.train import ClassificationTask, TaskFactory, mnist_trainer
 from training.report.compute import lr_decay_per_epoch
-from training.train import ClassificationTask, TaskFactory, mnist_trainer
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Context:
     command: str
     scratch: Path  # temporary files of this run (fresh exports)
     runs: Path | None = None  # where trained models keep checkpoints and metrics (None: nowhere)
-    amp: bool = False  # bfloat16 autocast of the convolutions (training.train)
+    amp: bool = False  # bfloat16 autocast of the convolutions (training.fitting.train)
     deadline: float | None = None  # time.monotonic() by which training sections stop (--max-minutes)
     capsnet_curve: Path | None = None  # a capsnet-train metrics.jsonl drawn beside the baseline's curve
     fresh: dict[str, Path] = field(default_factory=dict)

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from training.architectures import get_architecture
-from training.checkpoint import load_checkpoint
+from training.fitting.architectures import get_architecture
+from training.fitting.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)
 

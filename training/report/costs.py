@@ -18,9 +18,13 @@ from typing import Any, cast
 import torch
 
 from model.capsnet import CapsNet, count_parameters
-from training.architectures import get_architecture
-from training.generators import AFFINE_CANVAS, MULTIMNIST_CANVAS
-from training.multimnist import multimnist_loss
+from training.benchmarks.timing import timed_runs
+from training.data.generators import AFFINE_CANVAS, MULTIMNIST_CANVAS
+from training.fitting.architectures import get_architecture
+from training.fitting.config import TrainConfig
+from training.fitting.loop import make_optimizer, optimizer_step
+from training.fitting.multimnist import multimnist_loss
+from training.options import add_threads
 from training.report.compute import count_flops
 
 
@@ -54,7 +58,7 @@ def training_step(exp: Experiment, batch: int, amp: bool) -> tuple[torch.nn.Modu
     """The model and one Adam step of it on random images (MultiMNIST: random pairs of digits)."""
     arch = get_architecture(exp.arch)
     model = arch.build(arch.make_config(exp.preset, {**exp.overrides, "image_size": exp.canvas})).train()
-    optimizer = torch.optim.Adam(model.parameters())
+    optimizer = make_optimizer(model, TrainConfig().lr)
     images = torch.rand(batch, 1, exp.canvas, exp.canvas)
     labels = torch.randint(0, 10, (batch,))
     pairs = torch.stack([labels, (labels + 1) % 10], dim=1)
@@ -70,9 +74,7 @@ def training_step(exp: Experiment, batch: int, amp: bool) -> tuple[torch.nn.Modu
             with autocast():
                 out = arch.forward(model, images, labels)
             loss = arch.loss(out, images, labels, 0.0).total
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        optimizer_step(optimizer, loss)
 
     return model, step
 
@@ -80,10 +82,8 @@ def training_step(exp: Experiment, batch: int, amp: bool) -> tuple[torch.nn.Modu
 def measure(exp: Experiment, batch: int, seconds: float, amp: bool) -> dict[str, Any]:
     model, step = training_step(exp, batch, amp)
     flops = count_flops(step) // batch
-    start, steps = time.perf_counter(), 0
-    while steps < 2 or time.perf_counter() - start < seconds:
-        step()
-        steps += 1
+    start = time.perf_counter()
+    steps = len(timed_runs(step, seconds, min_runs=2))
     rate = steps * batch / (time.perf_counter() - start)
     return {
         "model": exp.name, "canvas": exp.canvas, "parameters": count_parameters(model),
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.report.costs", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=20.0, help="time each model this long (default: 20)")
     p.add_argument("--batch-size", type=int, default=16, help="images per training step (default: 16)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    add_threads(p, "torch CPU threads", 1)
     p.add_argument("--amp", action="store_true", help="bfloat16 convolutions, as the report's runs (default: off)")
     p.add_argument(
         "--affine-cnn-channels", type=channels, default=(64, 64, 32), help="the smaller CNN (default: 64,64,32)"

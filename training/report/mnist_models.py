@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from service.runtime.model_dir import read_card
-from training.history import averaged_note
+from service.contract import read_card
+from training.fitting.history import averaged_note
 from training.report.common import (
     REPO_ROOT,
     Context,
@@ -156,14 +156,14 @@ def run_mnist_models(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray
             "training": training_summary(card),
         }
         try:
-            from training.onnx_eval import evaluate_model_dir
+            from training.fitting.onnx_eval import evaluate_model_dir
 
             test = test if test is not None else ctx.split("test")
             entry["evaluation"] = evaluate_model_dir(d, test)
         except NotMeasured as e:
             entry["evaluation_error"] = str(e)
         except ImportError as e:
-            entry["evaluation_error"] = f"training.onnx_eval is not available: {e}"
+            entry["evaluation_error"] = f"training.fitting.onnx_eval is not available: {e}"
         except (ValueError, FileNotFoundError, OSError) as e:
             entry["evaluation_error"] = f"{type(e).__name__}: {e}"
         models.append(entry)

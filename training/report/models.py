@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from service.runtime.model_dir import CARD_FILE, GRAPH_FILE, create_session, read_card
-from training.architectures import get_architecture
+from service.contract import CARD_FILE, GRAPH_FILE, create_session, read_card
+from training.fitting.architectures import get_architecture
 from training.report.common import (
     Context,
     NotMeasured,
@@ -62,7 +62,7 @@ def model_from_dir(model_dir: Path) -> CapsuleModel:
 
 def model_from_checkpoint(path: Path) -> CapsuleModel:
     from model.capsnet import CapsNet, capsule_length
-    from training.checkpoint import load_model
+    from training.fitting.checkpoint import load_model
 
     model, _, state = load_model(path)
     if not isinstance(model, CapsNet):
@@ -92,9 +92,9 @@ def fresh_model_dir(ctx: Context) -> Path:
     if key in ctx.fresh:
         return ctx.fresh[key]
     try:
-        from training.export import export_module
+        from training.export.exporter import export_module
     except ImportError as e:
-        raise NotMeasured(f"training.export is not available to export a model ({e})") from e
+        raise NotMeasured(f"training.export.exporter is not available to export a model ({e})") from e
     arch = get_architecture("dynamic")
     config = arch.make_config(ctx.sizes.preset, {})
     torch.manual_seed(ctx.seed)

@@ -12,8 +12,8 @@ import torch
 
 from model.capsnet import CapsNet, count_parameters
 from model.config import CapsNetConfig
-from training.checkpoint import CheckpointMismatch
-from training.multimnist import MultiMNISTConfig, multimnist_loss, reconstruction_examples, train_multimnist
+from training.fitting.checkpoint import CheckpointMismatch
+from training.fitting.multimnist import MultiMNISTConfig, multimnist_loss, reconstruction_examples, train_multimnist
 from training.report.common import (
     Context,
     NotMeasured,
@@ -111,7 +111,7 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
     out = [
         "## 4. MultiMNIST",
         "",
-        "`training.generators.multimnist` (the paper's §6): every MNIST digit is overlaid with a digit of a "
+        "`training.data.generators.multimnist` (the paper's §6): every MNIST digit is overlaid with a digit of a "
         "different class from the same split, each placed on 36×36 with a shift of up to ±4 pixels per axis, "
         "combined by pixel-wise max. A CapsNet (the MNIST architecture on 36×36 input) is trained on fresh "
         "composites each epoch with the margin loss for both classes (`margin_loss_multi`) and the "

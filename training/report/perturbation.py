@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from training.data import to_float
-from training.generators import center_on_canvas
+from training.data.generators import center_on_canvas
+from training.data.mnist import to_float
 from training.report.common import (
     Context,
     NotMeasured,

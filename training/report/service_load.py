@@ -1,4 +1,4 @@
-"""Section 7: the service under load, rendered from the JSON `python -m service.benchmark --json` writes."""
+"""Section 7: the service under load, rendered from the JSON `python -m training.benchmarks.service --json` writes."""
 
 from __future__ import annotations
 
@@ -31,13 +31,14 @@ def dict_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def render_service(ctx: Context) -> str:
-    """The service's load benchmark (`python -m service.benchmark --json FILE`), when its JSON is here."""
+    """The service's load benchmark (`python -m training.benchmarks.service --json FILE`), when its JSON is here."""
     out = ["## 7. The service under load", ""]
     path = ctx.results / SERVICE_LOAD_FILE
     if not path.is_file():
         reason = (
             "The service's throughput and latency at concurrency 1–64 and its peak resident memory come from the "
-            f"service's load benchmark: run `python -m service.benchmark --json {shown(path)}` and rerun this command."
+            "service's load benchmark: run "
+            f"`python -m training.benchmarks.service --json {shown(path)}` and rerun this command."
         )
         return not_measured(out, reason)
     data = json.loads(path.read_text())
@@ -46,7 +47,7 @@ def render_service(ctx: Context) -> str:
     produced = data.get("produced_at") or datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat(
         timespec="seconds"
     )
-    command = data.get("command") or "python -m service.benchmark"
+    command = data.get("command") or "python -m training.benchmarks.service"
     out += [f"_Produced {produced} by `{command}`, saved as `{rel(ctx, path)}`._", ""]
     tables = {"http": "HTTP service, one image per request, by concurrency", "raw": "ONNX Runtime alone, by batch"}
     for key, title in tables.items():

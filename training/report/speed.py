@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -13,9 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.runtime.model_dir import GRAPH_FILE, ProviderUnavailable, create_session, read_card
-from training.architectures import get_architecture
-from training.device import synchronize
+from service.contract import GRAPH_FILE, ProviderUnavailable, create_session, read_card
+from training.benchmarks.flops import matmul_graph
+from training.benchmarks.timing import timed_runs
+from training.fitting.architectures import get_architecture
+from training.fitting.device import synchronize
 from training.report.common import (
     Context,
     Saved,
@@ -28,6 +29,7 @@ from training.report.common import (
     rel,
     shown,
 )
+from training.report.compute import count_flops
 from training.report.models import (
     fresh_model_dir,
     zoo_models,
@@ -48,13 +50,7 @@ def time_calls(call: Callable[[], Any], batch: int, seconds: float, min_reps: in
     """Latency of each call (which must block until its result is ready), repeated for `seconds` or min_reps."""
     for _ in range(warmup):
         call()
-    latencies: list[float] = []
-    start = time.perf_counter()
-    while len(latencies) < min_reps or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        call()
-        latencies.append(time.perf_counter() - t0)
-    lat = np.asarray(latencies)
+    lat = np.asarray(timed_runs(call, seconds, min_reps))
     return Timing(
         images_per_s=batch * len(lat) / float(lat.sum()),
         p50_ms=float(np.percentile(lat, 50) * 1e3),
@@ -63,24 +59,14 @@ def time_calls(call: Callable[[], Any], batch: int, seconds: float, min_reps: in
     )
 
 
-def model_flops(model: torch.nn.Module, forward: Callable[[torch.Tensor], Any], shape: tuple[int, ...]) -> int:
+def model_flops(forward: Callable[[torch.Tensor], Any], shape: tuple[int, ...]) -> int:
     """Floating-point operations of one image's forward pass (convolutions and matrix products), by torch."""
-    from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        forward(torch.rand(1, *shape))
-    return int(counter.get_total_flops())
+    def one_image() -> None:
+        with torch.no_grad():
+            forward(torch.rand(1, *shape))
 
-
-def matmul_onnx(n: int) -> bytes:
-    from onnx import TensorProto, helper
-
-    a, b, c = (helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in "abc")
-    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "matmul", [a, b], [c])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    return bytes(model.SerializeToString())
+    return count_flops(one_image)
 
 
 def runtimes() -> list[str]:
@@ -136,7 +122,7 @@ def runtime_calls(
         return lambda: session.run(None, feed)
 
     def ort_matmul_call(n: int) -> Callable[[], Any]:
-        s = create_session(matmul_onnx(n), provider, torch.get_num_threads())
+        s = create_session(matmul_graph(n), provider, torch.get_num_threads())
         feed = {"a": np.random.rand(n, n).astype(np.float32), "b": np.random.rand(n, n).astype(np.float32)}
         return lambda: s.run(None, feed)
 
@@ -155,7 +141,7 @@ def run_speed(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     torch.manual_seed(ctx.seed)
     net = arch.build(card["model_config"]).eval()  # random weights: the speed does not depend on them
     shape = tuple(card["input"]["shape"][1:])
-    flops = model_flops(net, lambda x: arch.forward(net, x, None), shape)
+    flops = model_flops(lambda x: arch.forward(net, x, None), shape)
     rng = np.random.default_rng(ctx.seed)
     rows, matmul, skipped = [], {}, {}
     for runtime in runtimes():

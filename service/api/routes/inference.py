@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import MODEL_NAME_PARAMETER, ModelDep, SettingsDep
-from service.api.inputs import INVERT_CHOICES, Invert, PreprocessOptions, parse_model, read_images, read_json
+from service.api.inputs import INVERT_CHOICES, JSON_SLACK_VALUES, Invert, PreprocessOptions, read_images, read_json
 from service.api.schemas import (
     CapsuleResult,
     CapsulesResponse,
@@ -418,7 +418,8 @@ async def decode(request: Request, model: ModelDep, format: FormatQuery = "json"
     """Decode the given poses (every class, e.g. from `capsules`, with edits) through the mask of `class`
     (one-hot) or through an explicit per-class `mask`."""
     card = model.require_decoder()
-    body = parse_model(DecodeRequest, await read_json(request))
+    most = len(card.classes) * (card.pose_size + 1) + JSON_SLACK_VALUES  # the poses, and a mask
+    body = await read_json(request, DecodeRequest, most, "the model's classes × pose size")
     poses, mask = decode_inputs(card, body)
     images = await model.decode(poses[None], mask[None])
     if format == "png":

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.api.deps import RegistryDep, SettingsDep, named_model
-from service.api.inputs import media_type, parse_json, parse_model
+from service.api.inputs import JSON_SLACK_VALUES, check_json_values, media_type, parse_body
 from service.api.schemas import (
     ErrorV2,
     InferenceRequest,
@@ -27,7 +27,7 @@ from service.api.schemas import (
     RequestInput,
     ServerMetadata,
 )
-from service.core.config import Settings
+from service.core.config import Settings, env_name
 from service.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge, UnsupportedMediaType
 from service.runtime.card import ModelCard
 from service.runtime.model import ServedModel
@@ -117,7 +117,7 @@ def model_metadata(model: ServedModel) -> ModelMetadata:
     )
 
 
-async def read_infer_body(request: Request) -> tuple[Any, bytes]:
+async def read_infer_body(request: Request) -> tuple[bytes, bytes]:
     """The JSON part of the request and the binary part (empty without the binary tensor data extension)."""
     body = await request.body()
     header_length = request.headers.get(BINARY_HEADER)
@@ -133,7 +133,7 @@ async def read_infer_body(request: Request) -> tuple[Any, bytes]:
         if not 0 <= n <= len(body):
             raise InvalidInput(f"{BINARY_HEADER} {header_length!r} is not a length within the {len(body)}-byte body")
         json_part, binary = body[:n], body[n:]
-    return parse_json(json_part), binary
+    return json_part, binary
 
 
 def check_shape(card: ModelCard, tensor: RequestInput, settings: Settings) -> tuple[int, ...]:
@@ -203,9 +203,22 @@ def tensor_array(
             raise InvalidInput(f"input {tensor.name!r}: data must be {tensor.datatype} numbers: {e}") from e
         if array.size != count:
             raise InvalidInput(f"input {tensor.name!r} has {array.size} values; shape {list(shape)} needs {count}")
-    if not np.isfinite(array).all():
-        raise InvalidInput(f"input {tensor.name!r} contains NaN or infinite values")
+    check_range(card, tensor.name, array)
     return array.reshape(shape)
+
+
+def check_range(card: ModelCard, name: str, array: np.ndarray) -> None:
+    """Every value finite and within the card's `input.range` (one min and one max: NaN makes both NaN)."""
+    low, high = card.input.range
+    least, most = float(array.min()), float(array.max())
+    if low <= least and most <= high:
+        return
+    if not np.isfinite(array).all():
+        raise InvalidInput(f"input {name!r} contains NaN or infinite values")
+    raise InvalidInput(
+        f"input {name!r} has values from {least:g} to {most:g}; model {card.name!r} takes values in "
+        f"[{low:g}, {high:g}] (its card's input.range)"
+    )
 
 
 def check_bool_parameter(parameters: dict[str, Any] | None, key: str, where: str) -> None:
@@ -272,8 +285,10 @@ def check_request(card: ModelCard, req: InferenceRequest) -> None:
 
 async def infer(request: Request, model: ServedModel, settings: Settings) -> Response:
     card = model.require_ready()
-    data, binary = await read_infer_body(request)
-    req = parse_model(InferenceRequest, data)
+    json_part, binary = await read_infer_body(request)
+    most = settings.max_images_per_request * math.prod(card.image_shape) + JSON_SLACK_VALUES
+    check_json_values(json_part, most, env_name("max_images_per_request"))
+    req = await parse_body(InferenceRequest, json_part)
     check_request(card, req)
     images, end = input_array(card, req.inputs[0], binary, 0, settings)
     if end != len(binary):

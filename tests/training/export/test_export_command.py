@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from training.train import TrainConfig, mnist_trainer
+from training.fitting.config import TrainConfig
+from training.fitting.train import mnist_trainer
 
 SCRIPT = Path(sys.executable).with_name("capsnet-export")
 FAST = ["--no-torchscript", "--no-evaluate"]
@@ -90,7 +91,7 @@ def test_a_non_empty_directory_is_refused_and_an_empty_one_is_used(checkpoint: P
 
 def test_an_export_into_model_zoo_is_served_by_make_serve() -> None:
     """model/zoo is the repository `make serve` serves: the export says so instead of naming the repository."""
-    from training.export import next_steps
+    from training.export.exporter import next_steps
 
     lines = next_steps(Path("model/zoo/my-capsnet"), "../shared/data/mnist")
     assert lines[-1] == "      serve it beside the other models of model/zoo:  make serve"

@@ -1,0 +1,66 @@
+"""What training/ may import from service/: the names both sides must compute the same way, and nothing else.
+
+The model directory (export writes it, evaluation and the service read it; `service/runtime/model_dir.py`),
+the service's preprocessing of uploads (the non-digit sets go through it; `service/imaging.py`), the
+"not a digit" score (calibration writes its card entry, the service computes it; `service/runtime/ood.py`) and
+the torch-free machine facts every benchmark records (`service/machine.py`). tests/test_layout.py fails when a
+training module outside training/benchmarks/ imports any other service module; docs/code-layout.md says why.
+"""
+
+from service.imaging import ImageLimits, array_to_png, decode_image, preprocess
+from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
+from service.runtime.model_dir import (
+    CARD_FILE,
+    CARD_FORMAT_VERSION,
+    DECODER_FILE,
+    GRAPH_FILE,
+    ModelCard,
+    ModelDir,
+    ModelDirError,
+    ProviderUnavailable,
+    create_session,
+    default_intra_op_threads,
+    file_entries,
+    is_model_dir,
+    load_model_dir,
+    parse_card,
+    read_card,
+    session_options,
+    sha256_file,
+    verify_files,
+    write_card,
+)
+from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
+
+__all__ = [
+    "CARD_FILE",
+    "CARD_FORMAT_VERSION",
+    "DECODER_FILE",
+    "FEATURE_TAILS",
+    "GRAPH_FILE",
+    "ImageLimits",
+    "ModelCard",
+    "ModelDir",
+    "ModelDirError",
+    "OODCalibration",
+    "ProviderUnavailable",
+    "array_to_png",
+    "cpu_busy_percent",
+    "cpu_model",
+    "create_session",
+    "decode_image",
+    "default_intra_op_threads",
+    "file_entries",
+    "image_features",
+    "is_model_dir",
+    "load_average",
+    "load_model_dir",
+    "parse_card",
+    "preprocess",
+    "read_card",
+    "session_options",
+    "sha256_file",
+    "usable_cpus",
+    "verify_files",
+    "write_card",
+]

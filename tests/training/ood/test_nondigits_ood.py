@@ -1,0 +1,159 @@
+"""Non-digit sets (seeded, deterministic), the OOD calibration and its report, on a tiny model and synthetic data."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from service.api.inputs import prepare_image
+from service.api.routes.inference import DEFAULT_OPTIONS
+from service.imaging import ImageLimits, open_image
+from service.runtime.ood import FEATURE_TAILS, FeatureReference, OODCalibration
+from tests.conftest import write_mnist_dir
+from training.ood import calibrate as ood
+from training.ood.nondigits import FONT_PACKAGE, NONDIGIT_SETS, FontMissing, font_paths, make_set
+
+
+def fonts_present() -> bool:
+    try:
+        font_paths()
+    except FontMissing:
+        return False
+    return True
+
+
+needs_fonts = pytest.mark.skipif(
+    not fonts_present(), reason=f"the letters set needs the DejaVu fonts of Debian's {FONT_PACKAGE} package"
+)
+DRAWN_SETS = [pytest.param(n, marks=needs_fonts) if n == "letters" else n for n in NONDIGIT_SETS]
+
+
+@pytest.mark.parametrize("name", DRAWN_SETS)
+def test_sets_are_seeded_and_deterministic(name: str) -> None:
+    a = make_set(name, 6, seed=3)
+    assert a.shape == (6, 1, 28, 28) and a.dtype == np.float32
+    assert a.min() >= 0.0 and a.max() <= 1.0
+    np.testing.assert_array_equal(a, make_set(name, 6, seed=3))
+    if name != "blank":
+        assert not np.array_equal(a, make_set(name, 6, seed=4))
+
+
+def test_blank_pages_become_all_zeros_through_the_service_preprocessing() -> None:
+    assert not make_set("blank", 5, seed=0).any()
+
+
+def test_unknown_set_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown non-digit set 'cats'; choose one of"):
+        make_set("cats", 1, seed=0)
+
+
+def test_missing_fonts_name_the_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("training.ood.nondigits.FONT_DIR", tmp_path)
+    with pytest.raises(FontMissing, match=f"letters need the DejaVu fonts \\({FONT_PACKAGE}\\)"):
+        make_set("letters", 1, seed=0)
+
+
+def test_quantile_levels_reach_one_over_n_in_both_tails() -> None:
+    levels = ood.quantile_levels(5000)
+    assert levels[0] == 0.0 and levels[-1] == 1.0 and np.all(np.diff(levels) > 0)
+    assert levels[1] == pytest.approx(1 / 5000) and levels[-2] == pytest.approx(1 - 1 / 5000)
+
+
+def test_auroc() -> None:
+    assert ood.auroc(np.array([3.0, 4.0]), np.array([1.0, 2.0])) == 1.0
+    assert ood.auroc(np.array([1.0, 2.0]), np.array([3.0, 4.0])) == 0.0
+    assert ood.auroc(np.array([1.0, 1.0]), np.array([1.0])) == 0.5
+    assert ood.auroc(np.array([2.0, 0.0]), np.array([1.0])) == 0.5
+
+
+def test_feature_tails() -> None:
+    levels, values = np.array([0.0, 0.5, 1.0]), np.array([0.0, 1.0, 2.0])
+    upper = FeatureReference("distance", "upper", levels, values, floor=0.01)
+    lower = FeatureReference("ink", "lower", levels, values, floor=0.01)
+    both = FeatureReference("ink", "both", levels, values, floor=0.01)
+    x = np.array([0.5, 1.0, 5.0])
+    np.testing.assert_allclose(upper.surprise(x), -np.log([0.75, 0.5, 0.01]))
+    np.testing.assert_allclose(lower.surprise(x), -np.log([0.25, 0.5, 1.0]))
+    np.testing.assert_allclose(both.surprise(x), -np.log([0.25, 0.5, 0.01]))
+
+
+def test_calibration_accepts_its_percentile_of_the_reference() -> None:
+    rng = np.random.default_rng(0)
+    features = {name: rng.normal(size=2000) for name in FEATURE_TAILS}
+    card = ood.calibrate(features, 95.0, "test", 0.99)
+    assert json.loads(json.dumps(card)) == card  # the card's object is plain JSON
+    calibration = OODCalibration.from_card(card)
+    accepted = calibration.score(features) <= calibration.threshold
+    assert accepted.mean() == pytest.approx(0.95, abs=0.01)
+    assert {f.name: f.tail for f in calibration.features} == FEATURE_TAILS
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from model.capsnet import CapsNet
+    from model.config import CapsNetConfig
+    from training.export.exporter import export_module
+
+    torch.manual_seed(0)
+    cfg = CapsNetConfig.tiny()
+    out = tmp_path_factory.mktemp("zoo") / "tiny"
+    export_module(CapsNet(cfg).eval(), "dynamic", cfg.to_dict(), out, name="tiny", torchscript=False)
+    return out
+
+
+@needs_fonts
+def test_cli_calibrates_writes_the_card_and_reports_every_set(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_mnist_dir(tmp_path / "mnist", n_train=64, n_test=32)
+    report_file = tmp_path / "ood.json"
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "48", "--per-set", "4"]
+    assert ood.main([*args, "--percentile", "90", "--write-card", "--json", str(report_file)]) == 0
+    report = json.loads(report_file.read_text())
+    assert set(report["sets"]) == set(NONDIGIT_SETS)
+    assert all(0.0 <= row["auroc"] <= 1.0 and row["n"] == 4 for row in report["sets"].values())
+    assert report["mnist_test"]["n"] == 32
+    uploads = report["mnist_test_uploads"]  # the same digits through the service's PNG decoding and preprocessing
+    assert uploads["n"] == 32 and 0.0 <= uploads["accepted"] <= 1.0
+    card = json.loads((tiny_model / "model.json").read_text())
+    assert card["ood"]["reference"] == {"images": "MNIST training images 16-63", "n": 48}
+    assert card["ood"]["threshold"] == report["threshold"]
+    printed = capsys.readouterr().out
+    assert "| letters | 4 |" in printed and "MNIST test digits accepted:" in printed
+    assert "The same 32 test digits sent as PNG uploads through the service's decoding" in printed
+
+
+def test_cli_refuses_a_reference_larger_than_the_training_set(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_mnist_dir(tmp_path / "mnist", n_train=64, n_test=32)
+    assert ood.main(["--model", str(tiny_model), "--data-dir", str(data), "--reference", "100"]) == 2
+    assert "capsnet-ood: error: --reference 100 must be between 1 and 64" in capsys.readouterr().err
+
+
+def test_uploads_are_what_the_service_feeds_the_model() -> None:
+    """A digit sent as a PNG reaches the model as the service's preprocessing makes it: MNIST-like already."""
+    rng = np.random.default_rng(0)
+    digits = np.zeros((3, 1, 28, 28), np.uint8)
+    digits[:, 0, 6:22, 10:18] = rng.integers(128, 256, (3, 16, 8))
+    got = ood.as_uploads(digits, (1, 28, 28))
+    assert got.shape == (3, 1, 28, 28) and got.dtype == np.float32
+    for picture, fed in zip(digits, got, strict=True):  # what the v1 routes make of the same PNG without options
+        png = io.BytesIO()
+        Image.fromarray(picture[0]).save(png, format="PNG")
+        expected, _, _ = prepare_image(open_image(png.getvalue(), ImageLimits()), (28, 28), DEFAULT_OPTIONS)
+        np.testing.assert_array_equal(fed[0], expected)
+
+
+def test_acceptance_of_nothing_has_no_accuracy() -> None:
+    report = {
+        "model": "m", "version": "1", "threshold": 1.0, "threshold_rule": "r", "reference": "ref", "sets": {},
+        "mnist_test": {"n": 2, "accepted": 0.0, "accuracy_all": 0.5, "accuracy_accepted": None},
+    }  # fmt: skip
+    assert "accuracy on the accepted — (none accepted) (on all: 50.00%)" in ood.markdown(report)

@@ -1,0 +1,301 @@
+"""Calibrate and evaluate the "not a digit" score of a model directory (docs/model-card.md, `ood`).
+
+Calibration looks only at MNIST training images (the last `--reference` of them): it stores each
+feature's quantiles on the card and sets the threshold at a percentile of the reference images' scores.
+Evaluation then scores the MNIST test digits and seven generated non-digit sets (`training.ood.nondigits`),
+each passed through the service's own preprocessing as a user's upload would be, and reports per set
+the AUROC against the test digits, plus the accepted share of test digits and the accuracy on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.contract import (
+    CARD_FILE,
+    FEATURE_TAILS,
+    GRAPH_FILE,
+    ImageLimits,
+    OODCalibration,
+    array_to_png,
+    create_session,
+    decode_image,
+    image_features,
+    load_model_dir,
+    preprocess,
+    read_card,
+    write_card,
+)
+from training.data.mnist import load_split, to_float
+from training.ood.nondigits import NONDIGIT_SETS, make_set
+from training.options import add_data_dir
+
+log = logging.getLogger(__name__)
+
+REPORT_JSON = Path("docs/report/ood.json")
+TAIL_LEVELS = 40  # quantile levels spaced geometrically in each tail
+MIDDLE_LEVELS = 99  # quantile levels spaced evenly between the tails
+DEFAULT_REFERENCE = 5000
+DEFAULT_PERCENTILE = 99.6
+DEFAULT_PER_SET = 1000
+BATCH = 250
+
+
+def quantile_levels(n_reference: int) -> np.ndarray:
+    """Cumulative probabilities at which the card stores each feature: dense in both tails, down to 1/n."""
+    smallest = 1.0 / n_reference
+    tail = np.geomspace(smallest, 0.01, TAIL_LEVELS, endpoint=False)
+    middle = np.linspace(0.01, 0.99, MIDDLE_LEVELS)
+    return np.unique(np.concatenate([[0.0], tail, middle, 1.0 - tail[::-1], [1.0]]))
+
+
+class ModelOutputs:
+    """Runs a model directory's capsnet.onnx and keeps what the score needs: scores and reconstruction."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.card = load_model_dir(model_dir).raw_card
+        self.session = create_session(model_dir / GRAPH_FILE, "cpu")
+        roles = {o["role"]: o["name"] for o in self.card["outputs"]}
+        self.scores_name = self.card["scores"]["output"]
+        self.reconstruction_name = roles.get("reconstruction")
+
+    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        names = [self.scores_name] + ([self.reconstruction_name] if self.reconstruction_name else [])
+        parts: list[list[np.ndarray]] = [[] for _ in names]
+        for start in range(0, len(images), BATCH):
+            got = self.session.run(names, {self.card["input"]["name"]: images[start : start + BATCH]})
+            for part, array in zip(parts, got, strict=True):
+                part.append(array)
+        arrays = [np.concatenate(p) for p in parts]
+        return arrays[0], arrays[1] if len(arrays) > 1 else None
+
+    def features(self, images: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        scores, reconstruction = self(images)
+        return image_features(images, scores, reconstruction), scores.argmax(axis=1)
+
+
+def calibrate(features: dict[str, np.ndarray], percentile: float, description: str, target: float) -> dict[str, Any]:
+    """The card's `ood` object from the reference images' features: quantiles per feature and the threshold."""
+    n = len(next(iter(features.values())))
+    levels = quantile_levels(n)
+    entries = [
+        {"name": name, "tail": FEATURE_TAILS[name], "values": [float(v) for v in np.quantile(values, levels)]}
+        for name, values in features.items()
+    ]
+    ood: dict[str, Any] = {
+        "method": "DARCCC-style (Frosst, Sabour & Hinton 2018): score = max over features of -log(tail probability "
+        "under the reference images' distribution, interpolated between the stored quantiles); an image is in "
+        "distribution when score <= threshold",
+        "reference": {"images": description, "n": n},
+        "threshold_rule": f"the {percentile:g}th percentile of the reference images' scores",
+        "target_acceptance": target,
+        "levels": [float(v) for v in levels],
+        "features": entries,
+        "threshold": 0.0,
+    }
+    ood["threshold"] = float(np.percentile(OODCalibration.from_card(ood).score(features), percentile))
+    return ood
+
+
+def auroc(positive: np.ndarray, negative: np.ndarray) -> float:
+    """P(score of a positive > score of a negative), ties counted half (the Mann-Whitney U statistic)."""
+    ordered = np.sort(negative)
+    below = np.searchsorted(ordered, positive, side="left")
+    not_above = np.searchsorted(ordered, positive, side="right")
+    return float((below + 0.5 * (not_above - below)).sum() / (len(positive) * len(negative)))
+
+
+def as_uploads(pixels: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """uint8 digits (N, [1,] H, W) as the service sees them uploaded: PNG bytes, decoded and preprocessed as it does."""
+    limits = ImageLimits()
+    out = np.empty((len(pixels), *shape), np.float32)
+    for i, picture in enumerate(pixels):
+        image = decode_image(array_to_png(picture.reshape(picture.shape[-2:]) / 255.0), limits)
+        out[i] = preprocess(image, (shape[-2], shape[-1])).array.reshape(shape)
+    return out
+
+
+def acceptance(
+    model: ModelOutputs, calibration: OODCalibration, images: np.ndarray, labels: np.ndarray
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Accepted share and accuracy (all, accepted) of labelled digits, and their scores."""
+    features, predicted = model.features(images)
+    scores = calibration.score(features)
+    accepted = scores <= calibration.threshold
+    row = {
+        "n": len(labels),
+        "accepted": float(accepted.mean()),
+        "accuracy_all": float((predicted == labels).mean()),
+        "accuracy_accepted": float((predicted[accepted] == labels[accepted]).mean()) if accepted.any() else None,
+    }
+    return row, scores
+
+
+def evaluate(
+    model: ModelOutputs,
+    calibration: OODCalibration,
+    test_images: np.ndarray,
+    test_labels: np.ndarray,
+    sets: dict[str, np.ndarray],
+    uploads: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Accepted share and accuracy on MNIST test digits (fed directly and, given `uploads`, through the
+    service's upload path); AUROC and rejected share per non-digit set."""
+    test, digit_scores = acceptance(model, calibration, test_images, test_labels)
+    result: dict[str, Any] = {"mnist_test": test, "sets": {}}
+    if uploads is not None:
+        result["mnist_test_uploads"] = acceptance(model, calibration, uploads, test_labels)[0]
+    for name, images in sets.items():
+        scores = calibration.score(model.features(images)[0])
+        result["sets"][name] = {
+            "n": len(images),
+            "auroc": auroc(scores, digit_scores),
+            "rejected": float((scores > calibration.threshold).mean()),
+        }
+    return result
+
+
+def _share(value: float | None) -> str:
+    return "— (none accepted)" if value is None else f"{value:.2%}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The REPORT.md table of one model's evaluation."""
+    test = report["mnist_test"]
+    lines = [
+        f"Model `{report['model']}` (version {report['version']}); threshold {report['threshold']:.3f} "
+        f"({report['threshold_rule']} of {report['reference']}).",
+        "",
+        f"MNIST test digits accepted: {test['accepted']:.2%} of {test['n']:,}; accuracy on the accepted "
+        f"{_share(test['accuracy_accepted'])} (on all: {test['accuracy_all']:.2%}).",
+        "",
+        "| non-digit set | images | AUROC vs MNIST test | rejected at the threshold |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, row in report["sets"].items():
+        lines.append(f"| {name} | {row['n']:,} | {row['auroc']:.3f} | {row['rejected']:.1%} |")
+    uploads = report.get("mnist_test_uploads")
+    if uploads:
+        lines += [
+            "",
+            f"The same {uploads['n']:,} test digits sent as PNG uploads through the service's decoding and "
+            f"preprocessing: {uploads['accepted']:.2%} accepted, accuracy on the accepted "
+            f"{_share(uploads['accuracy_accepted'])} (on all: {uploads['accuracy_all']:.2%}).",
+        ]
+    return "\n".join(lines)
+
+
+def _reference(data_dir: str | None, count: int) -> tuple[np.ndarray, str]:
+    train = load_split(data_dir, "train")
+    if not 0 < count <= len(train):
+        raise ValueError(f"--reference {count} must be between 1 and {len(train)}")
+    first = len(train) - count
+    return to_float(train.images[first:]), f"MNIST training images {first}-{len(train) - 1}"
+
+
+def run(
+    model_dir: Path,
+    data_dir: str | None,
+    *,
+    reference: int,
+    percentile: float,
+    per_set: int,
+    seed: int,
+    write_card: bool,
+    target: float = 0.99,
+    progress: Callable[[str], None] = log.info,
+) -> dict[str, Any]:
+    """Calibrate (optionally writing the card's `ood` object) and evaluate; return the report."""
+    model = ModelOutputs(model_dir)
+    images, description = _reference(data_dir, reference)
+    progress(f"calibrating on {description}")
+    ood = calibrate(model.features(images)[0], percentile, description, target)
+    test = load_split(data_dir, "test")
+    shape = tuple(model.card["input"]["shape"][1:])
+    sets = {name: make_set(name, per_set, seed, shape) for name in NONDIGIT_SETS}
+    progress(f"evaluating on {len(test):,} test digits and {len(sets)} non-digit sets of {per_set}")
+    uploads = as_uploads(test.images, shape)
+    report = evaluate(model, OODCalibration.from_card(ood), to_float(test.images), test.labels, sets, uploads)
+    ood["evaluation"] = {"mnist_test_accepted": report["mnist_test"]["accepted"]}
+    report = {
+        "model": model.card["name"],
+        "version": model.card["version"],
+        "threshold": ood["threshold"],
+        "threshold_rule": ood["threshold_rule"],
+        "reference": description,
+        "seed": seed,
+        **report,
+    }
+    if write_card:
+        write_ood_calibration(model_dir, ood)
+    return report
+
+
+def write_ood_calibration(model_dir: Path, ood: dict[str, Any]) -> None:
+    """Add the `ood` object to model.json, validated (not hashed: the files the card lists are unchanged)."""
+    write_card(model_dir, {**read_card(model_dir), "ood": ood})
+    log.info("wrote the ood calibration to %s", model_dir / CARD_FILE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="capsnet-ood",
+        description="Calibrate a model directory's 'not a digit' score on MNIST training images and report its "
+        "AUROC against MNIST test digits on generated non-digit sets.",
+    )
+    p.add_argument("--model", required=True, help="model directory, e.g. model/zoo/capsnet-mnist (required)")
+    add_data_dir(p)
+    p.add_argument(
+        "--reference",
+        type=int,
+        default=DEFAULT_REFERENCE,
+        help=f"the last N training images are the reference (default: {DEFAULT_REFERENCE})",
+    )
+    p.add_argument(
+        "--percentile",
+        type=float,
+        default=DEFAULT_PERCENTILE,
+        help=f"threshold at this percentile of the reference images' scores (default: {DEFAULT_PERCENTILE})",
+    )
+    p.add_argument(
+        "--per-set", type=int, default=DEFAULT_PER_SET, help=f"images per non-digit set (default: {DEFAULT_PER_SET})"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the non-digit sets (default: 0)")
+    p.add_argument(
+        "--write-card", action="store_true", help="write the calibration into the card's `ood` (default: off)"
+    )
+    p.add_argument("--json", type=Path, default=REPORT_JSON, help=f"report file to write (default: {REPORT_JSON})")
+    p.add_argument("--dry-run", action="store_true", help="20 images per set and 500 reference images; write nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        report = run(
+            Path(args.model), args.data_dir,
+            reference=500 if args.dry_run else args.reference, percentile=args.percentile,
+            per_set=20 if args.dry_run else args.per_set, seed=args.seed,
+            write_card=args.write_card and not args.dry_run,
+        )  # fmt: skip
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"capsnet-ood: error: {e}", file=sys.stderr)
+        return 2
+    if not args.dry_run:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
