@@ -25,10 +25,10 @@ from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
 
 from service.api.connection import ConnectionLimits, guarded_protocol
-from service.api.deps import bearer_auth
+from service.api.deps import admin_auth, bearer_auth
 from service.api.fastpath import FastPath
 from service.api.middleware import ServiceMiddleware
-from service.api.routes import explain, explorer, health, inference, metrics, models, v2
+from service.api.routes import explain, explorer, health, inference, metrics, models, repository, v2
 from service.api.routes.docs import install_docs
 from service.api.schemas import DecodeRequest, ErrorV1, ErrorV2, ImagesRequest, InferenceRequest
 from service.core.auth import TokenStore
@@ -62,8 +62,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     grpc_server = None
     if settings.grpc_port:
-        grpc_server = GrpcServer(registry, settings, app.state.metrics, check_token=app.state.check_token)
+        grpc_server = GrpcServer(
+            registry, settings, app.state.metrics, check_token=app.state.check_token, check_admin=app.state.check_admin
+        )
         grpc_server.start()
+        registry.listeners.append(grpc_server.update_health)  # readiness changes as models load and unload
     loading = asyncio.create_task(registry.start(), name="load-models")
     loading.add_done_callback(_log_failure)
     health = asyncio.create_task(_update_grpc_health(loading, grpc_server), name="grpc-health")
@@ -118,13 +121,17 @@ def openapi_with_bodies(app: FastAPI) -> Callable[[], dict[str, Any]]:
 
 
 def include_routers(app: FastAPI, settings: Settings) -> None:
-    """Every route; with a token file, /v1 and /v2 (but their health checks) need a bearer token, and /metrics
-    too with `auth_metrics`. The explorer page, its static files and the API docs hold no data: always open."""
+    """Every route; with a token file, /v1 and /v2 (but their health checks) need a bearer token, the repository
+    API one with the admin scope, and /metrics too with `auth_metrics`. The explorer page, its static files and
+    the API docs hold no data: always open."""
     auth = settings.auth_tokens_file is not None
     guard = [Security(bearer_auth)] if auth else []
     for module, error in ((models, ErrorV1), (inference, ErrorV1), (explain, ErrorV1), (v2, ErrorV2)):
         unauthorized: dict[int | str, dict[str, Any]] = {401: {"model": error, "description": "no valid bearer token"}}
         app.include_router(module.router, dependencies=guard, responses=unauthorized if auth else None)
+    forbidden: dict[int | str, dict[str, Any]] = {403: {"model": ErrorV2, "description": "not an admin token"}}
+    admin = [Security(admin_auth)] if auth else []
+    app.include_router(repository.router, dependencies=admin, responses=forbidden if auth else None)
     app.include_router(metrics.router, dependencies=guard if settings.auth_metrics else [])
     for router in (v2.health_router, health.router, explorer.router):
         app.include_router(router)
@@ -145,8 +152,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.tokens = TokenStore.from_file(settings.auth_tokens_file) if settings.auth_tokens_file else None
     app.state.metrics = Metrics()
-    # the bearer-token check of gRPC calls, the same tokens as HTTP's: (token or None) -> allowed; None: open
-    app.state.check_token = app.state.tokens.check if app.state.tokens is not None else None
+    # the bearer-token checks of gRPC calls, the same tokens as HTTP's: (token or None) -> allowed; None: open
+    tokens: TokenStore | None = app.state.tokens
+    app.state.check_token = tokens.check if tokens is not None else None
+    app.state.check_admin = tokens.check_admin if tokens is not None else None
     app.state.registry = ModelRegistry(settings, app.state.metrics)
     install_error_handlers(app)
     include_routers(app, settings)
@@ -196,6 +205,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="directory of model directories, or one model directory (default: CAPSNET_MODEL_REPOSITORY or the "
         "bundled model/zoo)",
+    )
+    parser.add_argument(
+        "--model-control",
+        choices=["none", "explicit", "poll"],
+        help="none: load every model at start-up; explicit: load and unload by the repository API; poll: rescan "
+        "the repository every CAPSNET_POLL_SECONDS (default: CAPSNET_MODEL_CONTROL or none)",
+    )
+    parser.add_argument(
+        "--load-model",
+        action="append",
+        metavar="NAME",
+        help="with --model-control explicit: a model to load at start-up, repeatable; '*' loads every model "
+        "(default: CAPSNET_LOAD_MODELS or none)",
     )
     parser.add_argument(
         "--log-level",
@@ -365,6 +387,8 @@ def main(argv: list[str] | None = None) -> None:
         "port": args.port,
         "grpc_port": args.grpc_port,
         "model_repository": args.model_repository,
+        "model_control": args.model_control,
+        "load_models": args.load_model,
         "log_level": args.log_level,
     }
     try:

@@ -132,22 +132,23 @@ class FastPath:
             await self.app(scope, receive, send)
             return
         (operation, name), (model, card, content_type) = target, served
-        messages = await self.read_body(receive)
-        if messages[-1]["type"] != "http.request":  # the client went away: the route answers it as it does
-            await self.app(scope, replay(messages, receive), send)
-            return
-        scope["route"] = self.templates[operation, name is not None]
-        scope["path_params"] = {} if name is None else {"name": name}
-        body = b"".join(m.get("body", b"") for m in messages)
-        try:  # a client error in the body is answered here, as the route's handler would: the body is parsed once
-            batch = await self.read(scope, body, content_type, card)
-            outputs = await model.infer(batch.array, alone=self.alone())
-        except ServiceError as e:
-            await service_error_response(scope["method"], scope["path"], e)(scope, receive, send)
-            return
-        body = OPERATIONS[operation].result(card, batch, outputs).model_dump_json(by_alias=True).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": json_headers(len(body))})
-        await send({"type": "http.response.body", "body": body})
+        with model.lease():  # a swap meanwhile lets this request finish on the version it looked up
+            messages = await self.read_body(receive)
+            if messages[-1]["type"] != "http.request":  # the client went away: the route answers it as it does
+                await self.app(scope, replay(messages, receive), send)
+                return
+            scope["route"] = self.templates[operation, name is not None]
+            scope["path_params"] = {} if name is None else {"name": name}
+            body = b"".join(m.get("body", b"") for m in messages)
+            try:  # a client error in the body is answered here, as the route's handler would: the body is parsed once
+                batch = await self.read(scope, body, content_type, card)
+                outputs = await model.infer(batch.array, alone=self.alone())
+            except ServiceError as e:
+                await service_error_response(scope["method"], scope["path"], e)(scope, receive, send)
+                return
+            body = OPERATIONS[operation].result(card, batch, outputs).model_dump_json(by_alias=True).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": json_headers(len(body))})
+            await send({"type": "http.response.body", "body": body})
 
     def target(self, scope: Scope) -> tuple[str, str | None] | None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["query_string"] or scope.get("root_path"):

@@ -272,6 +272,13 @@ class DecodeResponse(BaseModel):
     image: list[list[float]]
 
 
+class VersionState(BaseModel):
+    version: str
+    state: str = Field(description="loading, ready, failed or unloading")
+    ready: bool
+    error: str | None = None
+
+
 class ModelSummary(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
 
@@ -288,6 +295,9 @@ class ModelSummary(BaseModel):
     has_explanation: bool = Field(default=False, description="the graph has a routing-map output: /explain works")
     ood_calibrated: bool = Field(default=False, description="the card has a 'not a digit' calibration")
     execution_provider: str | None
+    versions: list[VersionState] = Field(
+        default_factory=list, description="every loaded version, newest first; `version` is the one serving"
+    )
 
 
 class ModelList(BaseModel):
@@ -311,6 +321,7 @@ class ModelList(BaseModel):
                             "has_explanation": True,
                             "ood_calibrated": True,
                             "execution_provider": "CPUExecutionProvider",
+                            "versions": [{"version": "1", "state": "ready", "ready": True, "error": None}],
                         }
                     ],
                 }

@@ -1,4 +1,8 @@
-"""Bearer tokens: the token file (one per line), its re-reading on change, and constant-time checks."""
+"""Bearer tokens: the token file (one per line, with its scopes), its re-reading on change, constant-time checks.
+
+A line is `<token>` (serving: inference and model information) or `<token> admin` (also the model repository
+API); blank lines and lines starting with # are ignored.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,11 @@ logger = logging.getLogger(__name__)
 MISSING_TOKEN = "missing bearer token: send the header 'Authorization: Bearer <token>'"
 WRONG_SCHEME = "the Authorization header must be 'Bearer <token>'"
 INVALID_TOKEN = "invalid bearer token"
+NOT_ADMIN = "this bearer token lacks the admin scope the model repository API needs (docs/model-management.md)"
+
+ADMIN = "admin"
+SCOPES = (ADMIN,)
+Tokens = dict[bytes, frozenset[str]]  # token digest -> its scopes beyond serving
 
 RELOAD_INTERVAL_S = 1.0  # the file is stat()ed at most this often, so a check stays a hash and a few compares
 BEARER = "bearer"
@@ -44,10 +53,18 @@ def digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def parse_tokens(text: str) -> frozenset[bytes]:
-    """The digests of the file's tokens: one per line; blank lines and lines starting with # are ignored."""
-    lines = (line.strip() for line in text.splitlines())
-    return frozenset(digest(line) for line in lines if line and not line.startswith("#"))
+def parse_tokens(text: str) -> Tokens:
+    """The digests of the file's tokens with their scopes: `<token> [scope ...]` per line; blank lines and lines
+    starting with # are ignored. ValueError naming the line for an unknown scope."""
+    tokens: Tokens = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        token, *scopes = line.split() or [""]
+        if not token or token.startswith("#"):
+            continue
+        if unknown := sorted(set(scopes) - set(SCOPES)):
+            raise ValueError(f"line {number} names the unknown scope {unknown[0]!r} (known: {', '.join(SCOPES)})")
+        tokens[digest(token)] = tokens.get(digest(token), frozenset()) | frozenset(scopes)
+    return tokens
 
 
 def file_signature(path: Path) -> Signature:
@@ -55,15 +72,16 @@ def file_signature(path: Path) -> Signature:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def read_tokens(path: Path) -> tuple[frozenset[bytes], Signature]:
-    """The digests and the signature of the version read; ConfigError when unreadable or without a token."""
+def read_tokens(path: Path) -> tuple[Tokens, Signature]:
+    """The digests (with scopes) and the signature of the version read; ConfigError when unreadable, malformed or
+    without a token."""
     try:
         signature = file_signature(path)
         text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
+        tokens = parse_tokens(text)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ConfigError(f"cannot read the bearer token file {path} (CAPSNET_AUTH_TOKENS_FILE): {reason}") from e
-    tokens = parse_tokens(text)
     if not tokens:
         raise ConfigError(
             f"the bearer token file {path} (CAPSNET_AUTH_TOKENS_FILE) holds no token: "
@@ -82,7 +100,7 @@ class TokenStore:
     def __init__(
         self,
         path: Path,
-        tokens: frozenset[bytes],
+        tokens: Tokens,
         signature: Signature,
         *,
         reload_interval_s: float = RELOAD_INTERVAL_S,
@@ -108,14 +126,24 @@ class TokenStore:
 
     def check(self, token: str | None) -> bool:
         """Whether `token` is one of the file's tokens; compares with every token, in constant time."""
+        return self.scopes(token) is not None
+
+    def check_admin(self, token: str | None) -> bool:
+        """Whether `token` is one of the file's tokens with the admin scope."""
+        return ADMIN in (self.scopes(token) or ())
+
+    def scopes(self, token: str | None) -> frozenset[str] | None:
+        """The scopes of `token` (empty: serving only), None when it is not a token of the file; compares with
+        every token, in constant time."""
         self.refresh()
         if token is None:
-            return False
+            return None
         candidate = digest(token)
-        matched = False
-        for accepted in self._tokens:
-            matched |= hmac.compare_digest(candidate, accepted)
-        return matched
+        found: frozenset[str] | None = None
+        for accepted, scopes in self._tokens.items():
+            if hmac.compare_digest(candidate, accepted):
+                found = scopes
+        return found
 
     def refresh(self) -> None:
         """Re-read the file if its signature changed since the last look (at most once per interval)."""

@@ -7,10 +7,10 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.machine import usable_cpus
 
@@ -74,6 +74,19 @@ class Settings(BaseSettings):
     default_model: str | None = Field(
         default=None,
         description="Model served by /v1/classify etc.; unset: the ready model with the lowest test error on its card.",
+    )
+    model_control: Literal["none", "explicit", "poll"] = Field(
+        default="none",
+        description="none: load every model at start-up, no repository API; explicit: load and unload by the "
+        "repository API (load_models at start-up); poll: rescan the repository every poll_seconds "
+        "(docs/model-management.md).",
+    )
+    load_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="With model_control=explicit: the models loaded at start-up, comma-separated ('*': all).",
+    )
+    poll_seconds: float = Field(
+        default=10.0, gt=0.0, description="With model_control=poll: seconds between two scans of the repository."
     )
     host: str = Field(default="127.0.0.1", description="Address `capsnet-serve` binds to.")
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="Port `capsnet-serve` listens on.")
@@ -196,6 +209,22 @@ class Settings(BaseSettings):
         if isinstance(value, str) and not value.strip():
             raise ValueError("empty path; unset the variable to turn authentication off")
         return value
+
+    @field_validator("load_models", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _load_models_need_explicit(self) -> Settings:
+        if self.load_models and self.model_control != "explicit":
+            raise ValueError(
+                f"load_models ({','.join(self.load_models)}) needs model_control=explicit; with "
+                f"{self.model_control!r} every model of the repository is loaded"
+            )
+        return self
 
     @model_validator(mode="after")
     def _parallel_runs_within_threads(self) -> Settings:

@@ -47,6 +47,18 @@ class Unauthorized(ServiceError):
         super().__init__(message, headers={"WWW-Authenticate": challenge})
 
 
+class Forbidden(ServiceError):
+    """A valid request the server is not configured to allow (model control off, a token without the scope)."""
+
+    status, type = 403, "forbidden"
+
+
+class ModelLoadFailed(ServiceError):
+    """A model (version) could not be loaded; whatever served before keeps serving."""
+
+    status, type = 400, "model_load_failed"
+
+
 class ModelNotFound(ServiceError):
     status, type = 404, "model_not_found"
 

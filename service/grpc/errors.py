@@ -5,9 +5,11 @@ from __future__ import annotations
 import grpc
 
 from service.core.errors import (
+    Forbidden,
     InferenceTimeout,
     InvalidInput,
     ModelCapabilityError,
+    ModelLoadFailed,
     ModelNotFound,
     NonFiniteOutput,
     PayloadTooLarge,
@@ -22,6 +24,8 @@ STATUS_CODES: dict[type[ServiceError], grpc.StatusCode] = {
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
     NonFiniteOutput: grpc.StatusCode.INVALID_ARGUMENT,
     ModelCapabilityError: grpc.StatusCode.FAILED_PRECONDITION,
+    ModelLoadFailed: grpc.StatusCode.FAILED_PRECONDITION,
+    Forbidden: grpc.StatusCode.PERMISSION_DENIED,
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
     InferenceTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -48,6 +48,16 @@ ModelMetadataResponse = message("ModelMetadataResponse")
 InferParameter = message("InferParameter")
 ModelInferRequest = message("ModelInferRequest")
 ModelInferResponse = message("ModelInferResponse")
+RepositoryIndexRequest = message("RepositoryIndexRequest")
+RepositoryIndexResponse = message("RepositoryIndexResponse")
+RepositoryModelLoadRequest = message("RepositoryModelLoadRequest")
+RepositoryModelLoadResponse = message("RepositoryModelLoadResponse")
+RepositoryModelUnloadRequest = message("RepositoryModelUnloadRequest")
+RepositoryModelUnloadResponse = message("RepositoryModelUnloadResponse")
+# The model repository extension's methods: they need the admin scope where tokens are on.
+REPOSITORY_METHODS = frozenset(
+    f"/{SERVICE_NAME}/{name}" for name in ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+)
 
 
 def method_path(name: str) -> str:

@@ -15,14 +15,14 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Histogram
 
-from service.core.auth import bearer_token
+from service.core.auth import NOT_ADMIN, bearer_token
 from service.core.config import Settings
 from service.core.errors import ServiceError
 from service.core.metrics import Metrics
@@ -47,6 +47,7 @@ OPEN_METHODS = frozenset(f"/{protocol.SERVICE_NAME}/{call}" for call in ("Server
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token: send 'authorization: Bearer <token>'"
+Verdict: TypeAlias = grpc.StatusCode | None  # why a call is refused before it runs (no token, not admin), None: allowed
 
 
 class MalformedMessage:
@@ -85,12 +86,18 @@ class Failure(Exception):
 class ServiceInterceptor(grpc.ServerInterceptor):
     """Authentication, error mapping and metrics around every unary call."""
 
-    def __init__(self, metrics: Metrics, check_token: TokenCheck | None, activity: Activity | None = None) -> None:
-        self.metrics, self.check_token = metrics, check_token
+    def __init__(
+        self,
+        metrics: Metrics,
+        check_token: TokenCheck | None,
+        activity: Activity | None = None,
+        check_admin: TokenCheck | None = None,
+    ) -> None:
+        self.metrics, self.check_token, self.check_admin = metrics, check_token, check_admin
         self.activity = activity or Activity()  # the requests in progress, read by the batchers (RunSlots)
         # Built once per method (and token verdict), not per call: the wrapped handlers and the metrics' children
         # (labels() costs a lock and a validation). A race between two threads only builds one twice.
-        self._handlers: dict[tuple[str, bool], grpc.RpcMethodHandler] = {}
+        self._handlers: dict[tuple[str, Verdict], grpc.RpcMethodHandler] = {}
         self._latency: dict[str, Histogram] = {}
         self._counts: dict[tuple[str, grpc.StatusCode], Counter] = {}
 
@@ -103,28 +110,35 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         if handler is None or handler.unary_unary is None:  # unknown methods (UNIMPLEMENTED); health Watch
             return handler
         method = handler_call_details.method
-        allowed = (
-            self.check_token is None
-            or method.startswith(HEALTH_PREFIX)
-            or method in OPEN_METHODS
-            or self.check_token(bearer_token(metadata_value(handler_call_details, "authorization")))
-        )
-        wrapped = self._handlers.get((method, allowed))
+        verdict = self.verdict(method, handler_call_details)
+        wrapped = self._handlers.get((method, verdict))
         if wrapped is None:
-            wrapped = self._handlers[method, allowed] = grpc.unary_unary_rpc_method_handler(
-                self.wrap(method, handler.unary_unary, allowed),
+            wrapped = self._handlers[method, verdict] = grpc.unary_unary_rpc_method_handler(
+                self.wrap(method, handler.unary_unary, verdict),
                 request_deserializer=tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return wrapped
 
-    def wrap(self, method: str, behavior: Behavior, allowed: bool) -> Behavior:
+    def verdict(self, method: str, details: grpc.HandlerCallDetails) -> Verdict:
+        """None when the call may run: tokens off, the health service or ServerLive/ServerReady, or a valid token
+        (with the admin scope for the repository methods)."""
+        if self.check_token is None or method.startswith(HEALTH_PREFIX) or method in OPEN_METHODS:
+            return None
+        token = bearer_token(metadata_value(details, "authorization"))
+        if not self.check_token(token):
+            return grpc.StatusCode.UNAUTHENTICATED
+        if method in protocol.REPOSITORY_METHODS and not (self.check_admin and self.check_admin(token)):
+            return grpc.StatusCode.PERMISSION_DENIED
+        return None
+
+    def wrap(self, method: str, behavior: Behavior, verdict: Verdict) -> Behavior:
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
                 with self.activity.request():
-                    response = self.answer(method, behavior, allowed, request, context)
+                    response = self.answer(method, behavior, verdict, request, context)
                 if not context.is_active():  # the client cancelled, or its deadline passed, while the call ran
                     code = grpc.StatusCode.CANCELLED
                 return response
@@ -148,10 +162,12 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         self._latency[method].observe(seconds)
 
     @staticmethod
-    def answer(method: str, behavior: Behavior, allowed: bool, request: Any, context: grpc.ServicerContext) -> Any:
+    def answer(method: str, behavior: Behavior, verdict: Verdict, request: Any, context: grpc.ServicerContext) -> Any:
         """The response, or a Failure for the status the call must end with (no traceback reaches a client)."""
-        if not allowed:
-            raise Failure(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+        if verdict is grpc.StatusCode.UNAUTHENTICATED:
+            raise Failure(verdict, UNAUTHENTICATED_MESSAGE)
+        if verdict is not None:
+            raise Failure(verdict, NOT_ADMIN)
         if isinstance(request, MalformedMessage):
             name = method.rsplit("/", 1)[-1]
             raise Failure(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {name} request message: {request.error}")
@@ -183,7 +199,12 @@ class GrpcServer:
     """`start` binds `settings.host:settings.grpc_port`; `stop` drains the calls in flight (graceful shutdown)."""
 
     def __init__(
-        self, registry: ModelRegistry, settings: Settings, metrics: Metrics, check_token: TokenCheck | None = None
+        self,
+        registry: ModelRegistry,
+        settings: Settings,
+        metrics: Metrics,
+        check_token: TokenCheck | None = None,
+        check_admin: TokenCheck | None = None,
     ) -> None:
         self.registry, self.settings = registry, settings
         self.health = health.HealthServicer()
@@ -191,7 +212,7 @@ class GrpcServer:
         limit = settings.max_body_bytes
         self.server = grpc.server(
             self.pool,
-            interceptors=[ServiceInterceptor(metrics, check_token, registry.slots.activity)],
+            interceptors=[ServiceInterceptor(metrics, check_token, registry.slots.activity, check_admin)],
             options=[
                 ("grpc.max_receive_message_length", limit),  # larger messages: RESOURCE_EXHAUSTED
                 ("grpc.so_reuseport", 0),  # a port in use is an error, never a silently shared socket

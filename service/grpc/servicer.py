@@ -8,6 +8,7 @@ thread of the gRPC server's pool and blocks it while its model runs (`ServedMode
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -15,6 +16,7 @@ import grpc
 import numpy as np
 
 from service.api.routes import v2
+from service.api.routes.repository import check_parameters
 from service.api.schemas import InferenceRequest, RequestInput, RequestOutput
 from service.core.config import Settings, env_name
 from service.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge
@@ -123,12 +125,10 @@ class InferenceServicer:
         self.registry, self.settings = registry, settings
 
     def model(self, name: str, version: str) -> ServedModel:
-        """The named model; an empty version means the served one, another must be the card's version."""
+        """The named model's version; an empty version means the newest serving one."""
         if not name:
             raise ModelNotFound(f"no model name given; served models: {sorted(self.registry.models)}")
-        if version:
-            return v2.model_of_version(self.registry, name, version)
-        return self.registry.get(name)
+        return self.registry.get(name, version or None)
 
     def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -145,7 +145,8 @@ class InferenceServicer:
         return pb.ServerMetadataResponse(name=v2.SERVER_NAME, version=v2.server_version(), extensions=[])
 
     def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
-        metadata = v2.model_metadata(self.model(request.name, request.version))
+        model = self.model(request.name, request.version)
+        metadata = v2.model_metadata(model, v2.ready_versions(self.registry, model.name))
         return pb.ModelMetadataResponse(
             name=metadata.name,
             versions=metadata.versions,
@@ -155,10 +156,29 @@ class InferenceServicer:
         )
 
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
-        model = self.model(request.model_name, request.model_version)
-        card = model.require_ready()
-        req = inference_request(request, self.settings.max_images_per_request * math.prod(card.image_shape))
-        v2.check_request(card, req)
-        images = input_images(card, request, req, self.settings)
-        outputs = model.infer_blocking(images, on_cancel=context.add_callback)
-        return infer_response(card, req, outputs, raw=bool(request.raw_input_contents))
+        with self.model(request.model_name, request.model_version).lease() as model:
+            card = model.require_ready()
+            req = inference_request(request, self.settings.max_images_per_request * math.prod(card.image_shape))
+            v2.check_request(card, req)
+            images = input_images(card, request, req, self.settings)
+            outputs = model.infer_blocking(images, on_cancel=context.add_callback)
+            return infer_response(card, req, outputs, raw=bool(request.raw_input_contents))
+
+    # The model repository extension (Triton's messages); the interceptor has checked the admin scope.
+
+    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.registry.require_control(change=False)
+        rows = self.registry.run_blocking(self.registry.index(ready_only=request.ready))
+        return pb.RepositoryIndexResponse(models=[dataclasses.asdict(row) for row in rows])
+
+    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.registry.require_control(change=True)
+        check_parameters(parameter_values(request.parameters))
+        self.registry.run_blocking(self.registry.load(request.model_name))
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.registry.require_control(change=True)
+        check_parameters(parameter_values(request.parameters))
+        self.registry.run_blocking(self.registry.unload(request.model_name))
+        return pb.RepositoryModelUnloadResponse()

@@ -161,8 +161,10 @@ class DynamicBatcher:
         slots: RunSlots,
         metrics: Metrics,
         narrow: RunFn | None = None,
+        version: str = "1",
     ) -> None:
         self.model, self.graph, self._run_fn, self.policy = model, graph, run, policy
+        self.version = version
         self._narrow_fn = narrow if slots.slots > 1 else None
         self._slots = slots
         self._workers = slots.slots if self._narrow_fn is not None else 1
@@ -178,7 +180,7 @@ class DynamicBatcher:
         self._running = 0  # batches being run (by the workers or inline callers)
         self._closing = False
         self._threads: list[threading.Thread] = []
-        labels = {"model": model, "graph": graph}
+        labels = {"model": model, "version": version, "graph": graph}
         self._m_depth = metrics.queue_depth.labels(**labels)
         self._m_queue = metrics.queue_time.labels(**labels)
         self._m_compute = metrics.compute_time.labels(**labels)

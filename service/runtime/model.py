@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import ctypes.util
 import dataclasses
 import enum
+import gc
 import logging
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +33,8 @@ class ModelState(str, enum.Enum):
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
+    UNLOADING = "unloading"  # retired: finishing the requests it already took
+    UNLOADED = "unloaded"  # released: its sessions are gone
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,24 @@ def all_finite(outputs: Tensors) -> bool:
     return all(np.isfinite(v).all() for v in outputs.values())
 
 
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+MALLOC_TRIM = _libc_malloc_trim()
+
+
+def release_memory() -> None:
+    """Collect the dropped sessions and hand glibc's free heap pages back to the system: without it, the RSS of a
+    process that loads and unloads models keeps the high-water mark of every load (docs/model-management.md)."""
+    gc.collect()
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
+
+
 def _runner(session: ort.InferenceSession, output_names: list[str]) -> RunFn:
     def run(inputs: Tensors) -> Tensors:
         return dict(zip(output_names, session.run(output_names, inputs), strict=True))
@@ -59,10 +86,13 @@ def _runner(session: ort.InferenceSession, output_names: list[str]) -> RunFn:
 
 
 class ServedModel:
-    """Loaded in a worker thread by `load`, then driven from the event loop by `start`, `infer` and `decode`."""
+    """One version of a model. Loaded in a worker thread by `load`, then driven from the event loop by `start`,
+    `infer` and `decode`; `retire` and `drain` take it out of service once the requests that hold it have ended."""
 
     def __init__(self, directory: ModelDirectory, metrics: Metrics) -> None:
         self.name = directory.name
+        self.version = directory.version
+        self.card_sha256 = directory.card_sha256
         self.path: Path = directory.path
         self.card: ModelCard | None = directory.card
         self.raw_card = directory.raw_card
@@ -74,10 +104,33 @@ class ServedModel:
         self._runners: dict[str, RunFn] = {}
         self._narrow: dict[str, RunFn] = {}  # the same graphs on single-thread sessions, for parallel runs
         self._batchers: dict[str, DynamicBatcher] = {}
+        self._leases = 0  # requests that have looked this version up and not yet answered
+        self._lease_lock = threading.Lock()
+        self.retired = False  # no new request is routed to it
 
     @property
     def ready(self) -> bool:
         return self.state is ModelState.READY
+
+    @property
+    def serving(self) -> bool:
+        """Ready and not retired: new requests may be routed to it."""
+        return self.state is ModelState.READY and not self.retired
+
+    @contextmanager
+    def lease(self) -> Iterator[ServedModel]:
+        """Hold the version for one request: `drain` waits for every holder before it releases the sessions."""
+        with self._lease_lock:
+            self._leases += 1
+        try:
+            yield self
+        finally:
+            with self._lease_lock:
+                self._leases -= 1
+
+    @property
+    def leases(self) -> int:
+        return self._leases
 
     @property
     def has_decoder(self) -> bool:
@@ -103,19 +156,21 @@ class ServedModel:
                 self._narrow = {name: _runner(*self._open(name, "cpu", 1)) for name in graphs}
             self._batchers = {
                 graph_name: DynamicBatcher(
-                    self.name, graph_name, run, policy, slots, self._metrics, self._narrow.get(graph_name)
+                    self.name, graph_name, run, policy, slots, self._metrics, self._narrow.get(graph_name), self.version
                 )
                 for graph_name, run in self._runners.items()
             }
             self._warm_up(options.warmup_runs, policy.max_batch_size)
         except Exception as e:
             self.fail(f"cannot load: {e}")
-            logger.exception("model %s failed to load", self.name)
+            self._drop_sessions()
+            logger.debug("model %s version %s failed to load", self.name, self.version, exc_info=True)
             return
         self.load_seconds = time.perf_counter() - start
         logger.info(
-            "model %s loaded on %s (%d intra-op threads%s) in %.2f s; decoder: %s",
+            "model %s version %s loaded on %s (%d intra-op threads%s) in %.2f s; decoder: %s",
             self.name,
+            self.version,
             self.provider,
             options.intra_op_threads,
             ", single-thread sessions for parallel runs" if self._narrow else "",
@@ -188,9 +243,37 @@ class ServedModel:
         for batcher in self._batchers.values():
             await batcher.close()
 
+    def retire(self) -> None:
+        """Route no new request here; the requests holding a lease still run (see `drain`)."""
+        self.retired = True
+
+    async def drain(self, timeout_s: float) -> None:
+        """Once every lease has ended (or after `timeout_s`), finish the queued requests, stop the batchers and drop
+        the sessions, so that their memory is released."""
+        self.retire()
+        if self.state is ModelState.READY:
+            self.state = ModelState.UNLOADING
+        deadline = time.monotonic() + timeout_s
+        while self._leases and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if self._leases:
+            logger.warning(
+                "model %s version %s: %d requests still hold it after %.0f s",
+                *(self.name, self.version, self._leases, timeout_s),
+            )
+        await self.close()
+        self._drop_sessions()
+        self.state = ModelState.UNLOADED
+        await asyncio.get_running_loop().run_in_executor(None, release_memory)
+
+    def _drop_sessions(self) -> None:
+        self._batchers, self._runners, self._narrow = {}, {}, {}
+
     def require_ready(self) -> ModelCard:
         if self.state is ModelState.LOADING:
             raise ModelNotReady(f"model {self.name!r} is still loading", retry_after_s=5)
+        if self.state is ModelState.UNLOADED:
+            raise ModelNotReady(f"model {self.name!r} version {self.version} was unloaded", retry_after_s=1)
         if self.state is ModelState.FAILED or self.card is None:
             raise ModelNotReady(f"model {self.name!r} is not available: {self.error}", retry_after_s=30)
         return self.card

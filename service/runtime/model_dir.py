@@ -315,13 +315,18 @@ class ModelDir:
         return None if self.card.decoder is None else self.path / self.card.decoder.file
 
 
-def load_model_dir(path: str | os.PathLike[str]) -> ModelDir:
-    """Read, validate and verify a model directory; every problem raises ModelDirError naming the file."""
+def load_model_dir(path: str | os.PathLike[str], name: str | None = None) -> ModelDir:
+    """Read, validate and verify a model directory; every problem raises ModelDirError naming the file.
+
+    The card's name must be `name` (a version folder's model folder), by default the directory's own name.
+    """
     root = Path(path)
     raw = read_card(root)
     card = parse_card(raw)
-    if card.name != root.resolve().name:
-        raise ModelDirError(f"card name {card.name!r} differs from its directory name {root.resolve().name!r}")
+    expected = name or root.resolve().name
+    if card.name != expected:
+        where = "its model folder's name" if name else "its directory name"
+        raise ModelDirError(f"card name {card.name!r} differs from {where} {expected!r}")
     verify_files(root, card)
     return ModelDir(root, card, raw)
 

@@ -1,8 +1,9 @@
 // The capsule explorer: talks only to the service's public v1 API.
-//   GET  /v1/models                      the served models (pose_shape, classes, has_decoder)
+//   GET  /v1/models                      the served models (pose_shape, classes, has_decoder, versions)
 //   POST /v1/models/{name}/capsules      lengths, poses and the 28×28 input the model received
 //   POST /v1/models/{name}/decode        a reconstruction (PNG) from poses, edited by the sliders
 //   POST /v1/models/{name}/explain       the routing map of a class over the input (PNG overlay)
+// Every POST names the picked version (`?version=`) when the user chose one; otherwise the newest answers.
 // When the service answers 401 (CAPSNET_AUTH_TOKENS_FILE is set), the page asks for a bearer token.
 "use strict";
 
@@ -16,7 +17,7 @@
 
   const state = {
     models: [],
-    model: null, // the chosen entry of GET /v1/models
+    model: null, // a copy of the chosen entry of GET /v1/models, with `chosenVersion` ("" for the newest)
     source: null, // {kind: "canvas"} or {kind: "file", blob, name}
     result: null, // one entry of capsules[] from /capsules
     poseShape: null,
@@ -106,8 +107,10 @@
     return tokenPrompt;
   }
 
-  function modelPath(op) {
-    return `/v1/models/${encodeURIComponent(state.model.name)}/${op}`;
+  function modelPath(op, params = {}) {
+    const query = new URLSearchParams(params);
+    if (state.model.chosenVersion) query.set("version", state.model.chosenVersion);
+    return `/v1/models/${encodeURIComponent(state.model.name)}/${op}?${query}`;
   }
 
   // Run `task` at most once at a time; calls while it runs coalesce into one more run, on the next frame.
@@ -204,13 +207,34 @@
     select.disabled = models.filter((m) => m.ready).length < 2;
   }
 
-  function chooseModel(name) {
-    state.model = state.models.find((m) => m.name === name) || null;
+  // The versions of the model: "newest" (the service's choice), then each loaded version; only ready ones
+  // can be picked, and the picker is off while fewer than two are ready.
+  function fillVersionSelect(m) {
+    const select = $("version-select");
+    const versions = m.versions || [];
+    const ready = versions.filter((v) => v.ready);
+    select.replaceChildren(
+      new Option(ready.length ? `newest (${ready[0].version})` : "newest", ""),
+      ...versions.map((v) => {
+        const option = new Option(v.ready ? v.version : `${v.version} (${v.state}${v.error ? `: ${v.error}` : ""})`, v.version);
+        option.disabled = !v.ready;
+        return option;
+      }),
+    );
+    select.value = m.chosenVersion;
+    select.disabled = ready.length < 2;
+  }
+
+  function chooseModel(name, version = "") {
+    const found = state.models.find((m) => m.name === name);
+    state.model = found ? { ...found, chosenVersion: version } : null; // a new object: stale answers are dropped
     const m = state.model;
     if (!m) return;
+    fillVersionSelect(m);
     const shape = m.pose_shape ? m.pose_shape.join("×") : "?";
     $("model-info").textContent =
-      `${m.description || m.architecture || ""} · architecture ${m.architecture} · pose ${shape}` +
+      `${m.description || m.architecture || ""} · version ${m.chosenVersion || m.version}` +
+      ` · architecture ${m.architecture} · pose ${shape}` +
       ` · decoder ${m.has_decoder ? "yes" : "no"} · ${m.execution_provider || ""}`;
     const noDecoder = $("no-decoder");
     noDecoder.hidden = m.has_decoder;
@@ -332,7 +356,7 @@
     setStatus("Classifying…");
     let data;
     try {
-      data = await (await api(`${modelPath("capsules")}?include_input=true`, { method: "POST", body: form })).json();
+      data = await (await api(modelPath("capsules", { include_input: "true" }), { method: "POST", body: form })).json();
     } catch (e) {
       if (state.source === source) resetResults();
       throw e;
@@ -587,7 +611,7 @@
     const model = state.model;
     if (!model || !model.has_decoder || !state.result) return;
     const cls = state.reconClass;
-    const response = await api(`${modelPath("decode")}?format=png`, {
+    const response = await api(modelPath("decode", { format: "png" }), {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ poses: editedPoses(), class: cls }),
@@ -644,7 +668,7 @@
     const cls = state.explainClass;
     const form = new FormData();
     form.append("files", state.inputBlob.blob, state.inputBlob.filename);
-    const response = await api(`${modelPath("explain")}?format=png&scale=8&class=${cls}`, {
+    const response = await api(modelPath("explain", { format: "png", scale: "8", class: String(cls) }), {
       method: "POST",
       body: form,
     });
@@ -688,6 +712,7 @@
     });
     $("file-input").addEventListener("change", onFileChosen);
     $("model-select").addEventListener("change", (e) => chooseModel(e.target.value));
+    $("version-select").addEventListener("change", (e) => chooseModel(state.model.name, e.target.value));
     $("recon-class").addEventListener("change", onReconClass);
     $("reset-button").addEventListener("click", resetSliders);
     $("explain-class").addEventListener("change", onExplainClass);

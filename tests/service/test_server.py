@@ -30,7 +30,8 @@ def server(model_repository: Path) -> Iterator[tuple[str, subprocess.Popen[str]]
 
 def batch_histogram(metrics: str, model: str, graph: str) -> dict[str, float]:
     pattern = re.compile(
-        rf'capsnet_batch_size_(bucket|count)\{{graph="{graph}",(?:le="([^"]+)",)?model="{model}"\}} ([0-9.e+]+)'
+        rf'capsnet_batch_size_(bucket|count)\{{graph="{graph}",(?:le="([^"]+)",)?model="{model}",version="1"\}} '
+        r"([0-9.e+]+)"
     )
     found = {}
     for kind, le, value in pattern.findall(metrics):

@@ -2,7 +2,8 @@
 
 Each operation is written once and served at two addresses: `/v1/models/{name}/<op>` and `/v1/<op>` (the
 default model); the `addressed_model` dependency tells them apart by the `name` path parameter.
-Options go in the query string; images in the body (multipart files or JSON, see `ImagesRequest`).
+Options go in the query string (`version` picks a model version); images in the body (multipart files or JSON,
+see `ImagesRequest`).
 (No `from __future__ import annotations` here: FastAPI must resolve the routes' annotations at runtime.)
 """
 
@@ -15,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import MODEL_NAME_PARAMETER, ModelDep, SettingsDep
+from service.api.deps import MODEL_NAME_PARAMETER, VERSION_PARAMETER, ModelDep, SettingsDep
 from service.api.inputs import INVERT_CHOICES, JSON_SLACK_VALUES, Invert, PreprocessOptions, read_images, read_json
 from service.api.schemas import (
     CapsuleResult,
@@ -463,8 +464,8 @@ OPERATIONS = (
 )  # fmt: skip
 # (path prefix, operation id suffix, which model, OpenAPI path parameters the endpoints do not declare themselves)
 ADDRESSES: tuple[tuple[str, str, str, list[dict[str, Any]]], ...] = (
-    ("/v1", "default", "the default model", []),
-    ("/v1/models/{name}", "named", "the named model", [MODEL_NAME_PARAMETER]),
+    ("/v1", "default", "the default model", [VERSION_PARAMETER]),
+    ("/v1/models/{name}", "named", "the named model", [MODEL_NAME_PARAMETER, VERSION_PARAMETER]),
 )
 
 

@@ -7,13 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 
 from service.api.deps import RegistryDep, known_query_parameters, named_model
-from service.api.schemas import ErrorV1, ModelDetail, ModelList, ModelSummary
+from service.api.schemas import ErrorV1, ModelDetail, ModelList, ModelSummary, VersionState
 from service.runtime.model import ServedModel
 
 router = APIRouter(tags=["v1"], dependencies=[Depends(known_query_parameters)])
 
 
-def summary(model: ServedModel) -> ModelSummary:
+def summary(model: ServedModel, versions: list[ServedModel] | None = None) -> ModelSummary:
+    """The model's version `model` (its serving one) and the states of every loaded version."""
     card, raw = model.card, model.raw_card or {}
     return ModelSummary(
         name=model.name,
@@ -29,16 +30,23 @@ def summary(model: ServedModel) -> ModelSummary:
         has_explanation=card is not None and card.explanation is not None,
         ood_calibrated=card is not None and card.ood_calibration is not None,
         execution_provider=model.provider,
+        versions=[
+            VersionState(version=m.version, state=m.state.value, ready=m.serving, error=m.error)
+            for m in (versions if versions is not None else [model])
+        ],
     )
 
 
 @router.get("/v1/models", summary="The served models")
 async def list_models(registry: RegistryDep) -> ModelList:
-    """Every model of the repository, including broken ones (with `ready: false` and the `error`)."""
-    return ModelList(default_model=registry.default_name, models=[summary(m) for m in registry.models.values()])
+    """Every model loaded, including broken ones (with `ready: false` and the `error`), with its versions."""
+    return ModelList(
+        default_model=registry.default_name,
+        models=[summary(m, registry.versions(name)) for name, m in registry.models.items()],
+    )
 
 
 @router.get("/v1/models/{name}", summary="One model and its card", responses={404: {"model": ErrorV1}})
-async def get_model(model: Annotated[ServedModel, Depends(named_model)]) -> ModelDetail:
-    """The model's state, execution provider and its full card (`model.json`)."""
-    return ModelDetail(**summary(model).model_dump(), card=model.raw_card)
+async def get_model(model: Annotated[ServedModel, Depends(named_model)], registry: RegistryDep) -> ModelDetail:
+    """The model's state, execution provider, its versions and the full card (`model.json`) of the one serving."""
+    return ModelDetail(**summary(model, registry.versions(model.name)).model_dump(), card=model.raw_card)

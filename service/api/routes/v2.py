@@ -8,7 +8,7 @@ Tensors go as JSON (flat or nested, row-major), or with the binary tensor data e
 
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
@@ -28,7 +28,7 @@ from service.api.schemas import (
     ServerMetadata,
 )
 from service.core.config import Settings, env_name
-from service.core.errors import InvalidInput, ModelNotFound, PayloadTooLarge, UnsupportedMediaType
+from service.core.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from service.runtime.card import ModelCard
 from service.runtime.model import ServedModel
 from service.runtime.registry import ModelRegistry
@@ -65,19 +65,20 @@ def server_version() -> str:
 
 
 def model_of_version(registry: ModelRegistry, name: str, model_version: str) -> ServedModel:
-    """The named model if `model_version` is its card's version (shared by REST and gRPC)."""
-    model = registry.get(name)
-    if model.card is not None and model_version != model.card.version:
-        raise ModelNotFound(f"model {name!r} has no version {model_version!r} (served: {model.card.version!r})")
-    return model
+    """The given version of the named model (shared by REST and gRPC)."""
+    return registry.get(name, model_version)
 
 
 async def versioned_model(
     registry: RegistryDep,
     name: Annotated[str, Path(description="model name")],
-    model_version: Annotated[str, Path(description="model version (the card's `version`)")],
-) -> ServedModel:
-    return model_of_version(registry, name, model_version)
+    model_version: Annotated[
+        str, Path(description="model version (a version folder's number, or the card's `version`)")
+    ],
+) -> AsyncIterator[ServedModel]:
+    """The version, held (`ServedModel.lease`) until the request has been answered."""
+    with model_of_version(registry, name, model_version).lease() as model:
+        yield model
 
 
 @router.get("/v2", summary="Server metadata")
@@ -105,16 +106,22 @@ async def server_ready(registry: RegistryDep) -> Response:
     return Response(status_code=200 if registry.all_ready else 400)
 
 
-def model_metadata(model: ServedModel) -> ModelMetadata:
+def model_metadata(model: ServedModel, versions: list[str] | None = None) -> ModelMetadata:
+    """The metadata of one version; `versions`: every ready version of the model (default: this one's)."""
     card = model.require_ready()
     return ModelMetadata(
         name=card.name,
-        versions=[card.version],
+        versions=versions or [card.version],
         platform=PLATFORM,
         inputs=[MetadataTensor(name=card.input.name, datatype=card.input.datatype, shape=card.input.shape)],
         outputs=[MetadataTensor(name=o.name, datatype=o.datatype, shape=o.shape) for o in card.outputs],
         parameters={"execution_provider": model.provider or "", "architecture": card.architecture},
     )
+
+
+def ready_versions(registry: ModelRegistry, name: str) -> list[str]:
+    """The serving versions of a model, newest first."""
+    return [m.version for m in registry.versions(name) if m.serving]
 
 
 async def read_infer_body(request: Request) -> tuple[bytes, bytes]:
@@ -297,7 +304,7 @@ async def infer(request: Request, model: ServedModel, settings: Settings) -> Res
     return infer_response(card, req, outputs)
 
 
-def add_model_routes(path: str, model_dep: Callable[..., Awaitable[ServedModel]], suffix: str) -> None:
+def add_model_routes(path: str, model_dep: Callable[..., AsyncIterator[ServedModel]], suffix: str) -> None:
     """Model ready, model metadata and inference under `path` (with or without `/versions/{model_version}`)."""
     ModelDep = Annotated[ServedModel, Depends(model_dep)]
 
@@ -309,9 +316,10 @@ def add_model_routes(path: str, model_dep: Callable[..., Awaitable[ServedModel]]
         return Response(status_code=200 if model.ready else 400)
 
     @router.get(path, operation_id=f"model_metadata{suffix}", responses=METADATA_ERRORS)
-    async def metadata(model: ModelDep) -> ModelMetadata:
-        """Model metadata; `parameters.execution_provider` names the ONNX Runtime provider it runs on."""
-        return model_metadata(model)
+    async def metadata(model: ModelDep, registry: RegistryDep) -> ModelMetadata:
+        """Model metadata: `versions` lists every ready version, the rest describes this one (the newest without
+        `/versions/{v}`); `parameters.execution_provider` names the ONNX Runtime provider it runs on."""
+        return model_metadata(model, ready_versions(registry, model.name))
 
     @router.post(
         f"{path}/infer",

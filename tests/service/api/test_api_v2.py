@@ -260,8 +260,8 @@ def test_v2_body_over_the_limit(make_client: Any, model_repository: Path) -> Non
     [
         ("/v2/models/nope", f"model 'nope' not found; served models: {sorted([TINY, EM_LIKE, NO_DECODER])}"),
         ("/v2/models/nope/ready", f"model 'nope' not found; served models: {sorted([TINY, EM_LIKE, NO_DECODER])}"),
-        (f"/v2/models/{TINY}/versions/9", "model 'tiny' has no version '9' (served: '1')"),
-        (f"/v2/models/{TINY}/versions/9/ready", "model 'tiny' has no version '9' (served: '1')"),
+        (f"/v2/models/{TINY}/versions/9", "model 'tiny' has no version '9' (versions: ['1'])"),
+        (f"/v2/models/{TINY}/versions/9/ready", "model 'tiny' has no version '9' (versions: ['1'])"),
         ("/v2/nothing", "no route for GET at this path; see /docs for the routes"),
     ],
 )

@@ -128,7 +128,7 @@ def test_the_script_only_calls_documented_api_routes(client: TestClient) -> None
     script = (STATIC / "app.js").read_text(encoding="utf-8")
     paths = client.app.openapi()["paths"]  # type: ignore[attr-defined]
     fixed = set(re.findall(r"""api\(\s*["'](/v1/[\w/]*)["']""", script))
-    per_model = set(re.findall(r"""modelPath\(\s*["'](\w+)["']\s*\)""", script))
+    per_model = set(re.findall(r"""modelPath\(\s*["'](\w+)["']\s*[,)]""", script))
     assert fixed == {"/v1/models"}
     assert per_model == {"capsules", "decode", "explain"}
     for path in fixed | {f"/v1/models/{{name}}/{op}" for op in per_model}:

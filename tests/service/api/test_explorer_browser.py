@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -480,3 +481,42 @@ def test_a_protected_service_asks_for_a_token_and_keeps_it_for_the_tab(browser: 
     other.locator("#token-form").wait_for(state="visible")
     assert "needs an access token" in str(other.locator("#token-message").text_content())
     ctx.close()
+
+
+@pytest.fixture(scope="module")
+def versioned_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The EM-shaped model as version folders 1 and 2, both served (policy all)."""
+    chromium_or_skip()
+    staging, root = tmp_path_factory.mktemp("staging"), tmp_path_factory.mktemp("versioned")
+    write_em_like(staging, EM_LIKE)
+    for version in ("1", "2"):
+        shutil.copytree(staging / EM_LIKE, root / EM_LIKE / version)
+    (root / EM_LIKE / "version_policy.json").write_text('{"all": true}')
+    with running_server(root, CAPSNET_PROVIDER="cpu") as (base, _):
+        yield Server(base, get_json(f"{base}/v1/models"))
+
+
+@pytest.fixture
+def versioned_tab(browser: Any, versioned_server: Server) -> Iterator[Tab]:
+    yield from open_tab(browser, versioned_server, viewport={"width": 1200, "height": 900})
+
+
+def test_the_version_picker_sends_the_chosen_version(versioned_tab: Tab) -> None:
+    tab = versioned_tab
+    page = tab.page
+    picker = page.locator("#version-select")
+    assert not picker.is_disabled(), "two versions are ready: the picker is on"
+    options = page.eval_on_selector_all("#version-select option", "os => os.map(o => o.textContent)")
+    assert options == ["newest (2)", "2", "1"]
+    assert "version 2" in str(page.locator("#model-info").text_content())
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.url) if "/capsules" in r.url else None)
+    draw_seven(page)
+    wait_prediction(page)
+    assert sent and "version=" not in sent[-1]  # the newest: the service's choice
+    page.select_option("#version-select", "1")
+    wait_until(page, "() => /version 1/.test(document.getElementById('model-info').textContent)")
+    draw_seven(page)
+    wait_prediction(page)
+    assert sent[-1].endswith("version=1"), sent
+    tab.check_clean()

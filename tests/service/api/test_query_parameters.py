@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from tests.service.conftest import TINY, digit_image, png_bytes
 
-CLASSIFY_PARAMETERS = "include_input, invert, normalize, reject_ood, top_k"
+CLASSIFY_PARAMETERS = "include_input, invert, normalize, reject_ood, top_k, version"  # version: declared in OpenAPI
 
 
 def image_files() -> list[tuple[str, tuple[str, bytes, str]]]:
@@ -35,13 +35,13 @@ def test_a_misspelt_option_is_a_400_naming_the_valid_ones(any_client: TestClient
 
 
 def test_the_valid_options_still_work_and_each_route_has_its_own(any_client: TestClient) -> None:
-    r = any_client.post("/v1/classify?top_k=2&invert=auto", files=image_files())
+    r = any_client.post("/v1/classify?top_k=2&invert=auto&version=1", files=image_files())
     assert r.status_code == 200 and len(r.json()["predictions"][0]["top_k"]) == 2
     r = any_client.post(f"/v1/models/{TINY}/capsules?top_k=2&b=1&a=2", files=image_files())  # classify's, not its own
     assert r.status_code == 400
     assert r.json()["error"] == (
         f"unknown query parameter 'a', 'b', 'top_k' for /v1/models/{TINY}/capsules; valid ones: include_input, "
-        "invert, normalize, reject_ood"
+        "invert, normalize, reject_ood, version"
     )
 
 

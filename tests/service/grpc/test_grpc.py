@@ -164,7 +164,7 @@ def test_asyncio_client(target: str, model_repository: Path) -> None:
         (
             lambda c: c.get_model_metadata(TINY, "9"),
             "StatusCode.NOT_FOUND",
-            "model 'tiny' has no version '9' (served: '1')",
+            "model 'tiny' has no version '9' (versions: ['1'])",
         ),
         (
             lambda c: c.is_model_ready("nope"),
@@ -322,7 +322,7 @@ def test_metrics_count_grpc_calls_by_protocol(model_repository: Path) -> None:
     assert f'capsnet_http_requests_total{{{labels},status="NOT_FOUND"}} 1.0' in text
     assert f"capsnet_http_request_duration_seconds_count{{{labels}}} 3.0" in text
     assert 'capsnet_http_requests_total{method="GET",protocol="http",route="/v2/health/live",status="200"} 1.0' in text
-    assert 'capsnet_inferences_total{graph="capsnet",model="tiny"} 6.0' in text  # the same batcher as REST
+    assert 'capsnet_inferences_total{graph="capsnet",model="tiny",version="1"} 6.0' in text  # the same batcher as REST
 
 
 def test_both_front_ends_count_their_requests_in_progress(
@@ -476,7 +476,7 @@ def test_grpc_serves_while_the_http_event_loop_is_blocked(model_repository: Path
             release.set()
             holder.join()
         assert result.as_numpy("lengths").shape == (3, 10)
-        assert 'capsnet_inferences_total{graph="capsnet",model="tiny"} 3.0' in http.get("/metrics").text
+        assert 'capsnet_inferences_total{graph="capsnet",model="tiny",version="1"} 3.0' in http.get("/metrics").text
 
 
 def test_a_call_that_ends_while_queued_is_not_run(model_repository: Path) -> None:
@@ -491,5 +491,6 @@ def test_a_call_that_ends_while_queued_is_not_run(model_repository: Path) -> Non
             assert status == "StatusCode.DEADLINE_EXCEEDED"
             assert c.infer(TINY, [image_input(IMAGES[:2])]).as_numpy("lengths").shape == (2, 10)
         text = http.get("/metrics").text
-    assert 'capsnet_inferences_total{graph="capsnet",model="tiny"} 2.0' in text  # the second call's images only
-    assert 'capsnet_batch_size_count{graph="capsnet",model="tiny"} 1.0' in text
+    # the second call's images only
+    assert 'capsnet_inferences_total{graph="capsnet",model="tiny",version="1"} 2.0' in text
+    assert 'capsnet_batch_size_count{graph="capsnet",model="tiny",version="1"} 1.0' in text

@@ -11,7 +11,7 @@ def test_readiness_names_a_missing_default_model(make_client: Any, model_reposit
     r = client.get("/health/ready")
     assert r.status_code == 503
     assert r.json()["error"] == (
-        "the default model 'nope' (CAPSNET_DEFAULT_MODEL) is not in the repository; served models: "
+        "the default model 'nope' (CAPSNET_DEFAULT_MODEL) is not in the repository; models there: "
         "['tiny', 'tiny-em', 'tiny-nodecoder']"
     )
     assert client.post("/v1/classify", json={"images": [{"array": [[0.0] * 28] * 28}]}).status_code == 404

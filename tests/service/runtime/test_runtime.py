@@ -95,7 +95,7 @@ def test_broken_models_are_reported_while_the_others_serve(make_client: Any, bro
     assert r.status_code == 503 and set(r.json()) == {"error"}
     metrics = client.get("/metrics").text
     assert "capsnet_models_loaded 1.0" in metrics
-    assert 'capsnet_model_ready{model="altered"} 0.0' in metrics
+    assert 'capsnet_model_ready{model="altered",version="1"} 0.0' in metrics
 
 
 def test_not_ready_until_loaded(model_repository: Path) -> None:

@@ -164,7 +164,7 @@ def test_under_load_batches_run_side_by_side_on_the_narrow_session() -> None:
             await first
             out = list(await asyncio.gather(*rest))
             text = generate_latest(metrics.registry).decode()
-            assert 'capsnet_runs_total{graph="g",lane="narrow",model="m"}' in text
+            assert 'capsnet_runs_total{graph="g",lane="narrow",model="m",version="1"}' in text
             return out
         finally:
             await batcher.close()
