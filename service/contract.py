@@ -7,7 +7,7 @@ the torch-free machine facts every benchmark records (`service/machine.py`). tes
 training module outside training/benchmarks/ imports any other service module; docs/code-layout.md says why.
 """
 
-from service.imaging import ImageLimits, array_to_png, decode_image, preprocess
+from service.imaging import ImageLimits, array_from_pixels, array_to_png, decode_image, preprocess
 from service.machine import cpu_busy_percent, cpu_model, load_average, usable_cpus
 from service.runtime.model_dir import (
     CARD_FILE,
@@ -30,20 +30,23 @@ from service.runtime.model_dir import (
     verify_files,
     write_card,
 )
-from service.runtime.ood import FEATURE_TAILS, OODCalibration, image_features
+from service.runtime.ood import FEATURE_TAILS, GAUSSIAN_FEATURES, ClassGaussian, OODCalibration, image_features
 
 __all__ = [
     "CARD_FILE",
     "CARD_FORMAT_VERSION",
     "DECODER_FILE",
     "FEATURE_TAILS",
+    "GAUSSIAN_FEATURES",
     "GRAPH_FILE",
+    "ClassGaussian",
     "ImageLimits",
     "ModelCard",
     "ModelDir",
     "ModelDirError",
     "OODCalibration",
     "ProviderUnavailable",
+    "array_from_pixels",
     "array_to_png",
     "cpu_busy_percent",
     "cpu_model",

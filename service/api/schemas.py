@@ -125,6 +125,14 @@ class InputInfo(BaseModel):
     input: list[list[float]] | None = Field(default=None, description="the (height, width) array the model received")
 
 
+class OODPartV1(BaseModel):
+    name: str = Field(description="the feature, e.g. pose_distance (docs/not-a-digit.md)")
+    value: float = Field(description="the feature's value for this image")
+    tail_share: float = Field(description="share of the card's reference digits at least as extreme (floored)")
+    contribution: float = Field(description="what the part adds to ood_score: weight × -log(tail_share)")
+    says: str = Field(description="the part in words, e.g. 'the pose is unlike any 4 in training: ...'")
+
+
 class Prediction(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
@@ -138,12 +146,17 @@ class Prediction(BaseModel):
     preprocessing: InputInfo
     ood_score: float | None = Field(
         default=None,
-        description="'not a digit' score: the largest -log tail probability of the image's features under MNIST "
-        "training digits (reconstruction distance, winning capsule length, ...); null when the model's card has "
-        "no `ood` calibration",
+        description="'not a digit' score: the card's weighted sum of how unusual the image's features are among MNIST "
+        "training digits (pose, capsule lengths, reconstruction, routing; docs/not-a-digit.md); null when the "
+        "model's card has no `ood` calibration",
     )
     in_distribution: bool | None = Field(
         default=None, description="ood_score <= the card's calibrated threshold; null without a calibration"
+    )
+    ood_parts: list[OODPartV1] | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="with include_ood_parts=true: each feature's part of ood_score (absent otherwise)",
     )
 
 

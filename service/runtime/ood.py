@@ -1,11 +1,11 @@
 """The "not a digit" score: how far an image's capsule outputs lie outside those of MNIST digits (numpy only).
 
-After Frosst, Sabour & Hinton 2018 (DARCCC): a digit is redrawn well by its winning capsule's
-reconstruction and has a long winning capsule; a non-digit is not or has not. Each feature below is
-compared with its distribution on reference MNIST images, stored on the card as quantiles; the score is
-the largest -log tail probability over the features, and images scoring above the card's threshold are
-out of distribution. `training.ood.calibrate` calibrates the card's `ood` object with these same functions, so
-the service computes exactly the score that was calibrated. docs/model-card.md specifies the object.
+Each feature (below) is compared with its distribution on reference MNIST images, stored on the card as
+quantiles, giving its surprise: -log of the share of reference digits at least as extreme. The card's
+`combiner` weighs the surprises into the score (a logistic regression fitted on digits against synthetic
+non-digits); a card without one scores the largest surprise (DARCCC, Frosst, Sabour & Hinton 2018).
+Images scoring above the card's threshold are out of distribution. `training.ood.calibrate` fits the card's
+`ood` object with these same functions; docs/model-card.md and docs/not-a-digit.md specify it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,22 @@ FEATURE_TAILS: dict[str, Tail] = {  # each feature and the way it points away fr
     "winning_score": "lower",
     "margin": "lower",
     "ink": "both",
+    "pose_distance": "upper",
+    "scores_distance": "upper",
+    "routing_share": "lower",
+}
+GAUSSIAN_FEATURES = {"pose_distance": "poses", "scores_distance": "scores"}  # feature -> the output it measures
+UNUSUAL = 0.01  # a part whose value fewer than this share of reference digits reach is called unusual
+SOMEWHAT = 0.1  # ... and below this share, somewhat unusual
+PART_WORDS = {  # what a high surprise of each feature means, in a user's words ({label}: the predicted class)
+    "distance": "the reconstruction from the {label} capsule does not redraw the image",
+    "relative_distance": "the reconstruction from the {label} capsule misses much of the ink",
+    "winning_score": "the {label} capsule is shorter than for digits",
+    "margin": "the {label} capsule hardly wins over the runner-up",
+    "ink": "the amount of ink is unlike a digit's",
+    "pose_distance": "the pose is unlike any {label} in training",
+    "scores_distance": "the other capsules' lengths are unlike those of a {label}",
+    "routing_share": "the routing sends little of the image to the {label} capsule",
 }
 NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relative_distance
 
@@ -40,12 +56,18 @@ def chunk_rows(images: np.ndarray) -> int:
     return max(1, CHUNK_FLOATS // max(1, per_image))
 
 
-def image_features(images: np.ndarray, scores: np.ndarray, reconstruction: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Per-image features (N,) from the model's input (N, ...), scores (N, K) and reconstruction (N, ...) or None.
+def image_features(
+    images: np.ndarray,
+    scores: np.ndarray,
+    reconstruction: np.ndarray | None,
+    explanation: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Per-image features (N,) from the model's input (N, ...), scores (N, K), reconstruction (N, ...) or None
+    and routing map (N, K, ...) or None.
 
     distance: ||x - reconstruction||_2; relative_distance: distance / ||x||; winning_score: the largest
-    score (capsule length or activation); margin: largest minus second-largest score; ink: sum of x.
-    Without a reconstruction (no decoder) the two distances are absent.
+    score (capsule length or activation); margin: largest minus second-largest score; ink: sum of x;
+    routing_share: the winning class's share of the routing map. Absent without their output.
 
     Computed `chunk_rows` images at a time (the same arithmetic): a float64 temporary over 128 KiB is mapped and
     unmapped by malloc on every call, which made 24 MNIST images cost 8 times as much as 16.
@@ -57,6 +79,7 @@ def image_features(images: np.ndarray, scores: np.ndarray, reconstruction: np.nd
                 images[i : i + step],
                 scores[i : i + step],
                 None if reconstruction is None else reconstruction[i : i + step],
+                None if explanation is None else explanation[i : i + step],
             )
             for i in range(0, len(images), step)
         ]
@@ -73,7 +96,42 @@ def image_features(images: np.ndarray, scores: np.ndarray, reconstruction: np.nd
         distance = np.sqrt(((x - r) ** 2).sum(axis=1))
         features["distance"] = distance
         features["relative_distance"] = distance / np.maximum(np.sqrt((x * x).sum(axis=1)), NORM_FLOOR)
+    if explanation is not None:
+        mass = explanation.reshape(*explanation.shape[:2], -1).astype(np.float64).sum(axis=2)  # (N, K)
+        winner = mass[np.arange(len(mass)), scores.argmax(axis=1)]
+        features["routing_share"] = winner / np.maximum(mass.sum(axis=1), NORM_FLOOR)
     return features
+
+
+@dataclass(frozen=True)
+class ClassGaussian:
+    """Class-conditional Gaussians with a shared covariance (Lee et al. 2018) on one output of the model:
+    `distance` is the Mahalanobis distance of each image's vector to the mean of its predicted class."""
+
+    output: str  # "poses": the predicted class's pose; "scores": the whole row of scores
+    means: np.ndarray  # (K, D)
+    whitening: np.ndarray  # (D, D): W with W^T W the inverse of the shared covariance
+
+    @classmethod
+    def from_card(cls, entry: Mapping[str, Any], k: int) -> ClassGaussian:
+        means = np.asarray(entry["means"], dtype=np.float64)
+        whitening = np.asarray(entry["whitening"], dtype=np.float64)
+        d = means.shape[-1] if means.ndim == 2 else -1
+        if means.shape != (k, d) or whitening.shape != (d, d) or not np.all(np.isfinite(whitening)):
+            raise ValueError(f"{entry.get('output')} gaussian: means must be {k}xD and whitening DxD finite numbers")
+        if entry["output"] not in GAUSSIAN_FEATURES.values():
+            raise ValueError(f"unknown gaussian output {entry['output']!r}")
+        return cls(entry["output"], means, whitening)
+
+    def distance(self, scores: np.ndarray, poses: np.ndarray | None) -> np.ndarray:
+        winner = scores.argmax(axis=1)
+        if self.output == "poses":
+            assert poses is not None
+            vectors = poses.reshape(*poses.shape[:2], -1)[np.arange(len(poses)), winner]
+        else:
+            vectors = scores
+        centred = vectors.astype(np.float64) - self.means[winner]
+        return np.sqrt(((centred @ self.whitening.T) ** 2).sum(axis=1))
 
 
 @dataclass(frozen=True)
@@ -131,11 +189,52 @@ class FeatureReference:
 
 
 @dataclass(frozen=True)
+class Combiner:
+    """score = bias + sum of weight * surprise over the features (a logistic regression's log-odds)."""
+
+    bias: float
+    weights: dict[str, float]
+
+    @classmethod
+    def from_card(cls, entry: Mapping[str, Any]) -> Combiner:
+        weights = {str(k): float(v) for k, v in entry["weights"].items()}
+        if entry.get("kind", "logistic") != "logistic" or not weights:
+            raise ValueError("combiner must be a logistic regression with at least one weight")
+        if not all(math.isfinite(w) for w in (*weights.values(), float(entry["bias"]))):
+            raise ValueError("combiner weights and bias must be finite")
+        return cls(float(entry["bias"]), weights)
+
+
+@dataclass(frozen=True)
+class OODPart:
+    """One feature of one image's score: its value, the share of reference digits at least as extreme, and
+    what it adds to the score (its weight times its surprise; for the max rule, the surprise itself)."""
+
+    name: str
+    value: float
+    tail_share: float
+    contribution: float
+
+    def says(self, label: str) -> str:
+        """The part in a user's words, e.g. "the pose is unlike any 4 in training: 0.02% of training digits are
+        as far"; below SOMEWHAT "..., somewhat: 4.00% ..."; else that it is as for digits."""
+        share = f"{self.tail_share:.2%}" if self.tail_share >= 0.0001 else "under 0.01%"
+        words = PART_WORDS[self.name].format(label=label)
+        if self.tail_share < UNUSUAL:
+            return f"{words}: {share} of training digits are as extreme"
+        if self.tail_share < SOMEWHAT:
+            return f"{words}, somewhat: {share} of training digits are as extreme"
+        return f"{self.name.replace('_', ' ')} as for digits: {share} of training digits are as extreme"
+
+
+@dataclass(frozen=True)
 class OODCalibration:
     """The card's `ood` object as the service uses it."""
 
     features: tuple[FeatureReference, ...]
     threshold: float
+    gaussians: dict[str, ClassGaussian] = field(default_factory=dict)  # feature name -> its Gaussians
+    combiner: Combiner | None = None
 
     @classmethod
     def from_card(cls, ood: Mapping[str, Any]) -> OODCalibration:
@@ -154,41 +253,133 @@ class OODCalibration:
             features.append(FeatureReference(entry["name"], entry["tail"], levels, values, floor))
         if not features:
             raise ValueError("no features")
-        return cls(tuple(features), float(ood["threshold"]))
+        gaussians = {}
+        for name, entry in ood.get("gaussians", {}).items():
+            if GAUSSIAN_FEATURES.get(name) != entry["output"]:
+                raise ValueError(f"gaussian {name!r} must measure output {GAUSSIAN_FEATURES.get(name)!r}")
+            gaussians[name] = ClassGaussian.from_card(entry, len(entry["means"]))
+        names = {f.name for f in features}
+        missing = sorted(n for n in names & set(GAUSSIAN_FEATURES) if n not in gaussians)
+        if missing:
+            raise ValueError(f"features {missing} need their gaussians")
+        combiner = Combiner.from_card(ood["combiner"]) if ood.get("combiner") is not None else None
+        if combiner is not None and set(combiner.weights) != names:
+            raise ValueError(
+                f"combiner weights {sorted(combiner.weights)} must be those of the features {sorted(names)}"
+            )
+        return cls(tuple(features), float(ood["threshold"]), gaussians, combiner)
 
     @property
     def needs_reconstruction(self) -> bool:
         return any(f.name in ("distance", "relative_distance") for f in self.features)
 
+    @property
+    def needs_poses(self) -> bool:
+        return any(g.output == "poses" for g in self.gaussians.values())
+
+    @property
+    def needs_explanation(self) -> bool:
+        return any(f.name == "routing_share" for f in self.features)
+
+    def measure(
+        self,
+        images: np.ndarray,
+        scores: np.ndarray,
+        reconstruction: np.ndarray | None,
+        poses: np.ndarray | None = None,
+        explanation: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Every feature the calibration uses, (N,) each, from the model's input and outputs."""
+        features = image_features(images, scores, reconstruction, explanation if self.needs_explanation else None)
+        for name, gaussian in self.gaussians.items():
+            features[name] = gaussian.distance(scores, poses)
+        return features
+
+    def surprises(self, features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {f.name: f.surprise(features[f.name]) for f in self.features}
+
     def score(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
-        """(N,) scores: the largest surprise over the calibrated features."""
-        return np.max([f.surprise(features[f.name]) for f in self.features], axis=0)
+        """(N,) scores: the combiner's weighted sum of the surprises, or without one the largest surprise."""
+        surprise = self.surprises(features)
+        if self.combiner is None:
+            return np.max(list(surprise.values()), axis=0)
+        total = np.full(len(next(iter(surprise.values()))), self.combiner.bias)
+        for name, value in surprise.items():
+            total = total + self.combiner.weights[name] * value
+        return total
+
+    def parts(self, features: Mapping[str, np.ndarray]) -> list[list[OODPart]]:
+        """Per image, each feature's part of the score (in the card's order)."""
+        surprise = self.surprises(features)
+        weights = self.combiner.weights if self.combiner is not None else {}
+        columns = [
+            (
+                f.name,
+                features[f.name].tolist(),
+                np.exp(-surprise[f.name]).tolist(),
+                surprise[f.name] * weights.get(f.name, 1.0),
+            )
+            for f in self.features
+        ]
+        n = len(columns[0][1])
+        return [[OODPart(name, float(v[i]), float(t[i]), float(c[i])) for name, v, t, c in columns] for i in range(n)]
 
     def assess(
-        self, images: np.ndarray, scores: np.ndarray, reconstruction: np.ndarray | None
+        self,
+        images: np.ndarray,
+        scores: np.ndarray,
+        reconstruction: np.ndarray | None,
+        poses: np.ndarray | None = None,
+        explanation: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(score (N,), in_distribution (N,) bool) for a batch of model inputs and outputs."""
-        score = self._score_one(images, scores, reconstruction) if len(images) == 1 else None
+        score = None
+        if len(images) == 1:
+            score = self._score_one(images, scores, reconstruction, poses, explanation)
         if score is None:
-            score = self.score(image_features(images, scores, reconstruction))
+            score = self.score(self.measure(images, scores, reconstruction, poses, explanation))
         return score, score <= self.threshold
 
     def _score_one(
-        self, images: np.ndarray, scores: np.ndarray, reconstruction: np.ndarray | None
+        self,
+        images: np.ndarray,
+        scores: np.ndarray,
+        reconstruction: np.ndarray | None,
+        poses: np.ndarray | None = None,
+        explanation: np.ndarray | None = None,
     ) -> np.ndarray | None:
-        """`score` of a single image with a fifth of the numpy calls (a lone request pays them all from cold
-        caches): the same arithmetic, bit for bit, on Python floats where it is scalar. None for non-finite
-        values (NaN sorts and compares differently in Python): `score` decides those."""
+        """`score` of a single image with a fraction of the numpy calls (a lone request pays them all from cold
+        caches): the same arithmetic on Python floats where it is scalar (bit for bit without a combiner, Gaussians
+        or routing share; else to rounding). None for non-finite values (NaN sorts and compares differently in
+        Python): `score` decides those."""
         x = images.reshape(1, -1).astype(np.float64)
         features = {"ink": float(x.sum(axis=1)[0])}
-        ranked = sorted(scores.reshape(-1).tolist())  # float32 to float64 is exact, as astype(np.float64) is
+        row = scores.reshape(-1).tolist()  # float32 to float64 is exact, as astype(np.float64) is
+        ranked = sorted(row)
         features["winning_score"] = ranked[-1]
         features["margin"] = ranked[-1] - ranked[-2] if len(ranked) > 1 else ranked[-1]
         if reconstruction is not None:
             r = reconstruction.reshape(1, -1).astype(np.float64)
             features["distance"] = distance = math.sqrt(float(((x - r) ** 2).sum(axis=1)[0]))
             features["relative_distance"] = distance / max(math.sqrt(float((x * x).sum(axis=1)[0])), NORM_FLOOR)
+        winner = row.index(ranked[-1]) if math.isfinite(ranked[-1]) else 0  # argmax: the first of the largest
+        if self.needs_explanation and explanation is not None:
+            mass = explanation.reshape(len(row), -1).astype(np.float64).sum(axis=1).tolist()
+            features["routing_share"] = mass[winner] / max(sum(mass), NORM_FLOOR)
+        for name, gaussian in self.gaussians.items():
+            source = scores if gaussian.output == "scores" else poses
+            if source is None:
+                return None
+            vector = source.reshape(len(row), -1)[winner] if gaussian.output == "poses" else source.reshape(-1)
+            white = gaussian.whitening @ (vector.astype(np.float64) - gaussian.means[winner])
+            features[name] = math.sqrt(float(white @ white))
         if not all(math.isfinite(v) for v in (*ranked, *features.values())):
             return None
-        p = np.array([f.tail_probability(features[f.name]) for f in self.features])
-        return np.max(-np.log(p), axis=0, keepdims=True)
+        if self.combiner is None:
+            p = np.array([f.tail_probability(features[f.name]) for f in self.features])
+            return np.max(-np.log(p), axis=0, keepdims=True)
+        weights = self.combiner.weights
+        total = self.combiner.bias
+        for f in self.features:
+            total += weights[f.name] * -math.log(f.tail_probability(features[f.name]))
+        return np.array([total])

@@ -356,7 +356,9 @@
     setStatus("Classifying…");
     let data;
     try {
-      data = await (await api(modelPath("capsules", { include_input: "true" }), { method: "POST", body: form })).json();
+      const params = { include_input: "true" };
+      if (model.ood_calibrated) params.include_ood_parts = "true"; // the not-a-digit score's parts, shown in words
+      data = await (await api(modelPath("capsules", params), { method: "POST", body: form })).json();
     } catch (e) {
       if (state.source === source) resetResults();
       throw e;
@@ -396,6 +398,7 @@
     $("sliders-fieldset").disabled = true;
     $("recon-caption").textContent = "";
     $("ood-info").textContent = "";
+    $("ood-parts").replaceChildren();
     $("explain-class").replaceChildren();
     $("explain-class").disabled = true;
     $("explanation").src = BLANK_IMAGE;
@@ -410,6 +413,18 @@
     state.reconUrl = null;
   }
 
+  // The score's parts that weigh most, as sentences ("the pose is unlike any 4 in training: ..."): why the flag.
+  function oodReasons(parts) {
+    return [...parts]
+      .sort((a, b) => b.contribution - a.contribution)
+      .slice(0, 3)
+      .map((part) => {
+        const li = document.createElement("li");
+        li.textContent = part.says.charAt(0).toUpperCase() + part.says.slice(1) + ".";
+        return li;
+      });
+  }
+
   function renderPrediction(model, result) {
     $("predicted-class").textContent = result.label;
     $("ood-info").textContent =
@@ -419,6 +434,7 @@
           ? `Looks like a digit (not-a-digit score ${result.ood_score.toFixed(2)}).`
           : `This does not look like a digit (not-a-digit score ${result.ood_score.toFixed(2)}, above the ` +
             "model's calibrated threshold): the class above is a guess.";
+    $("ood-parts").replaceChildren(...oodReasons(result.ood_parts || []));
     drawArray($("model-input"), result.preprocessing.input);
     const p = result.preprocessing;
     $("input-info").textContent = ` — ${p.inverted ? "inverted, " : ""}${p.normalized ? "MNIST-normalized" : "as sent"}`;

@@ -1,10 +1,9 @@
-"""Calibrate and evaluate the "not a digit" score of a model directory (docs/model-card.md, `ood`).
+"""`capsnet-ood`: fit, calibrate and evaluate the "not a digit" score of a model directory (docs/not-a-digit.md).
 
-Calibration looks only at MNIST training images (the last `--reference` of them): it stores each
-feature's quantiles on the card and sets the threshold at a percentile of the reference images' scores.
-Evaluation then scores the MNIST test digits and seven generated non-digit sets (`training.ood.nondigits`),
-each passed through the service's own preprocessing as a user's upload would be, and reports per set
-the AUROC against the test digits, plus the accepted share of test digits and the accuracy on them.
+The default, fitted score is `training.ood.fitted`'s; `--method darccc` calibrates the previous score (the
+largest surprise of five features, quantiles of the last `--reference` training images, the threshold at a
+percentile of their scores) and evaluates it on the fitting non-digit sets. `--write-edges` cuts the test
+pairs (`training.ood.fitted.edge_pair`).
 """
 
 from __future__ import annotations
@@ -20,66 +19,38 @@ from typing import Any
 import numpy as np
 
 from service.contract import (
-    CARD_FILE,
     FEATURE_TAILS,
-    GRAPH_FILE,
     ImageLimits,
     OODCalibration,
     array_to_png,
-    create_session,
     decode_image,
-    image_features,
-    load_model_dir,
     preprocess,
     read_card,
-    write_card,
 )
 from training.data.mnist import load_split, to_float
+from training.ood.fitted import (
+    ModelOutputs,
+    _share,
+    auroc,
+    fit_and_evaluate,
+    fitted_markdown,
+    quantile_levels,
+    training_split,
+    write_edges,
+    write_ood_calibration,
+)  # fmt: skip
 from training.ood.nondigits import NONDIGIT_SETS, make_set
 from training.options import add_data_dir
 
 log = logging.getLogger(__name__)
 
 REPORT_JSON = Path("docs/report/ood.json")
-TAIL_LEVELS = 40  # quantile levels spaced geometrically in each tail
-MIDDLE_LEVELS = 99  # quantile levels spaced evenly between the tails
 DEFAULT_REFERENCE = 5000
 DEFAULT_PERCENTILE = 99.6
+FITTED_PERCENTILE = 99.3  # of validation digits: 99.0% of test digits or more, with two standard errors to spare
+DEFAULT_COMBINER = 4000
+DEFAULT_VALIDATION = 3000
 DEFAULT_PER_SET = 1000
-BATCH = 250
-
-
-def quantile_levels(n_reference: int) -> np.ndarray:
-    """Cumulative probabilities at which the card stores each feature: dense in both tails, down to 1/n."""
-    smallest = 1.0 / n_reference
-    tail = np.geomspace(smallest, 0.01, TAIL_LEVELS, endpoint=False)
-    middle = np.linspace(0.01, 0.99, MIDDLE_LEVELS)
-    return np.unique(np.concatenate([[0.0], tail, middle, 1.0 - tail[::-1], [1.0]]))
-
-
-class ModelOutputs:
-    """Runs a model directory's capsnet.onnx and keeps what the score needs: scores and reconstruction."""
-
-    def __init__(self, model_dir: Path) -> None:
-        self.card = load_model_dir(model_dir).raw_card
-        self.session = create_session(model_dir / GRAPH_FILE, "cpu")
-        roles = {o["role"]: o["name"] for o in self.card["outputs"]}
-        self.scores_name = self.card["scores"]["output"]
-        self.reconstruction_name = roles.get("reconstruction")
-
-    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        names = [self.scores_name] + ([self.reconstruction_name] if self.reconstruction_name else [])
-        parts: list[list[np.ndarray]] = [[] for _ in names]
-        for start in range(0, len(images), BATCH):
-            got = self.session.run(names, {self.card["input"]["name"]: images[start : start + BATCH]})
-            for part, array in zip(parts, got, strict=True):
-                part.append(array)
-        arrays = [np.concatenate(p) for p in parts]
-        return arrays[0], arrays[1] if len(arrays) > 1 else None
-
-    def features(self, images: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        scores, reconstruction = self(images)
-        return image_features(images, scores, reconstruction), scores.argmax(axis=1)
 
 
 def calibrate(features: dict[str, np.ndarray], percentile: float, description: str, target: float) -> dict[str, Any]:
@@ -103,14 +74,6 @@ def calibrate(features: dict[str, np.ndarray], percentile: float, description: s
     }
     ood["threshold"] = float(np.percentile(OODCalibration.from_card(ood).score(features), percentile))
     return ood
-
-
-def auroc(positive: np.ndarray, negative: np.ndarray) -> float:
-    """P(score of a positive > score of a negative), ties counted half (the Mann-Whitney U statistic)."""
-    ordered = np.sort(negative)
-    below = np.searchsorted(ordered, positive, side="left")
-    not_above = np.searchsorted(ordered, positive, side="right")
-    return float((below + 0.5 * (not_above - below)).sum() / (len(positive) * len(negative)))
 
 
 def as_uploads(pixels: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -161,10 +124,6 @@ def evaluate(
             "rejected": float((scores > calibration.threshold).mean()),
         }
     return result
-
-
-def _share(value: float | None) -> str:
-    return "— (none accepted)" if value is None else f"{value:.2%}"
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -239,41 +198,74 @@ def run(
     return report
 
 
-def write_ood_calibration(model_dir: Path, ood: dict[str, Any]) -> None:
-    """Add the `ood` object to model.json, validated (not hashed: the files the card lists are unchanged)."""
-    write_card(model_dir, {**read_card(model_dir), "ood": ood})
-    log.info("wrote the ood calibration to %s", model_dir / CARD_FILE)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="capsnet-ood",
-        description="Calibrate a model directory's 'not a digit' score on MNIST training images and report its "
-        "AUROC against MNIST test digits on generated non-digit sets.",
+        description="Fit and calibrate a model directory's 'not a digit' score on MNIST training images and "
+        "synthetic non-digits, choose its features on validation sets and report it on held-out test sets.",
     )
     p.add_argument("--model", required=True, help="model directory, e.g. model/zoo/capsnet-mnist (required)")
     add_data_dir(p)
     p.add_argument(
+        "--method",
+        choices=("fitted", "darccc"),
+        default="fitted",
+        help="fitted: the logistic combination (default); darccc: the largest surprise of five features",
+    )
+    p.add_argument(
         "--reference",
         type=int,
         default=DEFAULT_REFERENCE,
-        help=f"the last N training images are the reference (default: {DEFAULT_REFERENCE})",
+        help=f"the last N (trained) training images are the reference (default: {DEFAULT_REFERENCE})",
+    )
+    p.add_argument(
+        "--combiner",
+        type=int,
+        default=DEFAULT_COMBINER,
+        help=f"MNIST test digits (drawn at random) that fit the combiner (default: {DEFAULT_COMBINER})",
+    )
+    p.add_argument(
+        "--val-split",
+        type=int,
+        default=None,
+        help="training images the model held out, not used for fitting (default: the card's training --val-split)",
+    )
+    p.add_argument(
+        "--validation",
+        type=int,
+        default=DEFAULT_VALIDATION,
+        help="MNIST test digits (drawn at random after the combiner's) that set the threshold and choose the "
+        f"features; the rest are reported (default: {DEFAULT_VALIDATION})",
     )
     p.add_argument(
         "--percentile",
         type=float,
-        default=DEFAULT_PERCENTILE,
-        help=f"threshold at this percentile of the reference images' scores (default: {DEFAULT_PERCENTILE})",
+        default=None,
+        help="threshold at this percentile of the validation (fitted) or reference (darccc) digits' scores "
+        f"(default: {FITTED_PERCENTILE} fitted, {DEFAULT_PERCENTILE} darccc)",
     )
     p.add_argument(
         "--per-set", type=int, default=DEFAULT_PER_SET, help=f"images per non-digit set (default: {DEFAULT_PER_SET})"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the non-digit sets (default: 0)")
+    p.add_argument("--cache", type=Path, default=None, help="keep the model's outputs per image set in this directory")
+    p.add_argument(
+        "--previous",
+        type=Path,
+        default=None,
+        help="a model.json whose `ood` is reported beside the new score (default: the model's card before fitting)",
+    )
     p.add_argument(
         "--write-card", action="store_true", help="write the calibration into the card's `ood` (default: off)"
     )
     p.add_argument("--json", type=Path, default=REPORT_JSON, help=f"report file to write (default: {REPORT_JSON})")
     p.add_argument("--dry-run", action="store_true", help="20 images per set and 500 reference images; write nothing")
+    p.add_argument(
+        "--write-edges",
+        type=Path,
+        default=None,
+        help="only write two images just below and above the card's threshold into this JSON file (for the tests)",
+    )
     return p
 
 
@@ -281,19 +273,42 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        report = run(
-            Path(args.model), args.data_dir,
-            reference=500 if args.dry_run else args.reference, percentile=args.percentile,
-            per_set=20 if args.dry_run else args.per_set, seed=args.seed,
-            write_card=args.write_card and not args.dry_run,
-        )  # fmt: skip
+        if args.write_edges is not None:
+            pair = write_edges(Path(args.model), args.write_edges)
+            print(f"{args.model}: {pair['digit']} into {pair['letter']}: scores {pair['below']['ood_score']:.4f} and "
+                  f"{pair['above']['ood_score']:.4f} around the threshold {pair['threshold']:.4f}")  # fmt: skip
+            return 0
+        if args.method == "darccc":
+            report = run(
+                Path(args.model), args.data_dir,
+                reference=500 if args.dry_run else args.reference,
+                percentile=DEFAULT_PERCENTILE if args.percentile is None else args.percentile,
+                per_set=20 if args.dry_run else args.per_set, seed=args.seed,
+                write_card=args.write_card and not args.dry_run,
+            )  # fmt: skip
+            text = markdown(report)
+        else:
+            card = read_card(Path(args.model))
+            val_split, train_seed = training_split(card)
+            previous = json.loads(args.previous.read_text()).get("ood") if args.previous else card.get("ood")
+            report = fit_and_evaluate(
+                Path(args.model), args.data_dir,
+                reference=500 if args.dry_run else args.reference,
+                combiner=100 if args.dry_run else args.combiner,
+                val_split=val_split if args.val_split is None else args.val_split, train_seed=train_seed,
+                validation=100 if args.dry_run else args.validation,
+                percentile=FITTED_PERCENTILE if args.percentile is None else args.percentile,
+                per_set=20 if args.dry_run else args.per_set, seed=args.seed, previous=previous,
+                cache=args.cache, write_card=args.write_card and not args.dry_run,
+            )  # fmt: skip
+            text = fitted_markdown(report)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"capsnet-ood: error: {e}", file=sys.stderr)
         return 2
     if not args.dry_run:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(markdown(report))
+    print(text)
     return 0
 
 

@@ -1,10 +1,12 @@
-"""Held-out non-digit image sets for the "not a digit" score, generated here (no downloads), seeded.
+"""Non-digit image sets for the "not a digit" score, generated here (no downloads), seeded.
 
 Every image is drawn on its own canvas and then passed through the service's preprocessing
 (`service.imaging.preprocess`: grayscale, polarity, stretch, crop, fit, centre of mass), exactly
 as an upload would be, so the sets measure what users of the service get.
-Letters are rendered with the DejaVu fonts of Debian's `fonts-dejavu-core` package; letters that
-are glyph twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q) are left out.
+`NONDIGIT_SETS` (DejaVu fonts of `fonts-dejavu-core`) are the fitting outliers; `VALIDATION_SETS`
+(Liberation fonts, another seed) choose the detector; `TEST_SETS` (FreeFont, Humor Sans, Comic Neue,
+other generators) are reported once. Letters that are glyph twins of digits (O, I, l, S, Z, B, G, o, s,
+z, b, g, q; Greek theta, ...) are left out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,27 @@ FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
 FONT_FILES = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSans-Bold.ttf")
 FONT_PACKAGE = "fonts-dejavu-core"
 LETTERS = "ACDEFHJKLMNPQRTUVWXYacdefhijkmnprtuvwxy"  # no glyph twins of digits
+SYMBOLS = "+−×÷=%#@&*?<>~^"  # no bars, slashes or brackets: after cropping they are ones
+OTHER_SCRIPTS = "αβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпцשאמצם"  # Greek, Cyrillic, Hebrew; no digit twins
+FONT_ROOT = Path("/usr/share/fonts")
+VALIDATION_FONTS = (  # fonts-liberation
+    "truetype/liberation/LiberationSans-Regular.ttf",
+    "truetype/liberation/LiberationSerif-Regular.ttf",
+    "truetype/liberation/LiberationMono-Regular.ttf",
+    "truetype/liberation/LiberationSans-Bold.ttf",
+)
+TEST_FONTS = (  # fonts-freefont-ttf, fonts-humor-sans, fonts-comic-neue
+    "truetype/freefont/FreeSans.ttf",
+    "truetype/freefont/FreeSerif.ttf",
+    "truetype/freefont/FreeMono.ttf",
+    "truetype/freefont/FreeSansBold.ttf",
+    "truetype/freefont/FreeSerifItalic.ttf",
+    "truetype/humor-sans/Humor-Sans.ttf",
+    "opentype/comic-neue/ComicNeue-Regular.otf",
+    "opentype/comic-neue/ComicNeue-Bold.otf",
+)
+SCRIPT_FONTS = TEST_FONTS[:5]  # FreeFont has the Greek, Cyrillic and Hebrew letters
+HELD_OUT_PACKAGES = "fonts-liberation fonts-freefont-ttf fonts-humor-sans fonts-comic-neue"
 CANVAS = 112  # side of the drawing canvas for strokes and letters
 FIELD = 64  # side of the blank, near-blank and texture canvases
 
@@ -35,6 +58,23 @@ def font_paths() -> list[Path]:
     if missing:
         raise FontMissing(f"letters need the DejaVu fonts ({FONT_PACKAGE}); missing {', '.join(map(str, missing))}")
     return paths
+
+
+def held_out_fonts(names: tuple[str, ...]) -> list[Path]:
+    paths = [FONT_ROOT / name for name in names]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise FontMissing(f"held-out sets need Debian's {HELD_OUT_PACKAGES}; missing {', '.join(map(str, missing))}")
+    return paths
+
+
+def _glyph(rng: np.random.Generator, chars: str, paths: list[Path]) -> np.ndarray:
+    """One character of `chars` in one of the fonts, 80 px on a 112 canvas, turned by up to 10 degrees."""
+    char = chars[rng.integers(len(chars))]
+    font = ImageFont.truetype(str(paths[rng.integers(len(paths))]), 80)
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
+    return np.asarray(canvas.rotate(float(rng.uniform(-10, 10)), resample=Image.Resampling.BILINEAR)) / 255.0
 
 
 def _uniform(rng: np.random.Generator) -> np.ndarray:
@@ -77,6 +117,57 @@ def _letter(rng: np.random.Generator) -> np.ndarray:
     return np.asarray(canvas) / 255.0
 
 
+def _symbol(rng: np.random.Generator) -> np.ndarray:
+    return _glyph(rng, SYMBOLS, font_paths())
+
+
+def _scribble(rng: np.random.Generator) -> np.ndarray:
+    """One to three smooth random curves (cubic Bezier chains), 5-12 pixels wide on a 112 canvas."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    t = np.linspace(0, 1, 24)[:, None]
+    for _ in range(rng.integers(1, 4)):
+        points = rng.uniform(8, CANVAS - 8, (3 * int(rng.integers(1, 4)) + 1, 2))
+        curve = []
+        for i in range(0, len(points) - 1, 3):
+            p0, p1, p2, p3 = points[i : i + 4]
+            curve += (((1 - t) ** 3) * p0 + 3 * (1 - t) ** 2 * t * p1 + 3 * (1 - t) * t**2 * p2 + t**3 * p3).tolist()
+        draw.line([tuple(p) for p in curve], fill=255, width=int(rng.integers(5, 13)), joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def _grating(rng: np.random.Generator) -> np.ndarray:
+    """A texture of another kind than 1/f noise: a sum of two or three sinusoidal gratings, or a checkerboard."""
+    y, x = np.mgrid[0:FIELD, 0:FIELD] / FIELD
+    if rng.random() < 0.3:
+        k = int(rng.integers(3, 12))
+        return ((np.floor(x * k) + np.floor(y * k)) % 2).astype(np.float64)
+    field = sum(
+        np.sin(2 * np.pi * rng.uniform(2, 12) * (np.cos(a) * x + np.sin(a) * y) + rng.uniform(0, 2 * np.pi))
+        for a in rng.uniform(0, np.pi, rng.integers(2, 4))
+    )
+    field = np.asarray(field, np.float64)
+    return (field - field.min()) / (field.max() - field.min())
+
+
+def _noise(rng: np.random.Generator) -> np.ndarray:
+    """Uniform, Gaussian or salt-and-pepper noise, on a 28 or 64 canvas."""
+    side = int(rng.choice([28, FIELD]))
+    kind = rng.integers(3)
+    if kind == 0:
+        return rng.uniform(0, 1, (side, side))
+    if kind == 1:
+        return np.clip(rng.normal(0.5, rng.uniform(0.1, 0.3), (side, side)), 0, 1)
+    return (rng.random((side, side)) < rng.uniform(0.05, 0.5)).astype(np.float64)
+
+
+def _fonts_set(chars: str, fonts: tuple[str, ...]) -> Callable[[np.random.Generator], np.ndarray]:
+    def draw(rng: np.random.Generator) -> np.ndarray:
+        return _glyph(rng, chars, held_out_fonts(fonts))
+
+    return draw
+
+
 def _texture(rng: np.random.Generator) -> np.ndarray:
     """Natural-image-like 1/f^a noise (a in [1.5, 2.5] in power), rescaled to [0, 1]."""
     freq = np.fft.fftfreq(FIELD)[:, None] ** 2 + np.fft.fftfreq(FIELD)[None, :] ** 2
@@ -93,7 +184,27 @@ NONDIGIT_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {
     "strokes": _strokes,
     "letters": _letter,
     "textures": _texture,
+    "symbols": _symbol,
 }
+VALIDATION_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # another seed, other fonts
+    "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
+    "symbols": _fonts_set(SYMBOLS, VALIDATION_FONTS),
+    "strokes": _strokes,
+    "near_blank": _near_blank,
+    "textures": _texture,
+}
+TEST_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # fonts and generators used for nothing else
+    "letters": _fonts_set(LETTERS, TEST_FONTS),
+    "other_scripts": _fonts_set(OTHER_SCRIPTS, SCRIPT_FONTS),
+    "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
+    "strokes": _strokes,
+    "scribbles": _scribble,
+    "textures": _grating,
+    "noise": _noise,
+    "blank": _blank,
+    "near_blank": _near_blank,
+}
+ROLES = {"fit": (NONDIGIT_SETS, 0), "validation": (VALIDATION_SETS, 1), "test": (TEST_SETS, 2)}
 
 
 def to_model_input(picture: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -102,10 +213,21 @@ def to_model_input(picture: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return preprocess(image, (shape[-2], shape[-1])).array.reshape(shape).astype(np.float32)
 
 
-def make_set(name: str, n: int, seed: int, shape: tuple[int, ...] = (1, 28, 28)) -> np.ndarray:
-    """n preprocessed images (n, *shape) of one set; the same (name, n, seed) always gives the same images."""
-    if name not in NONDIGIT_SETS:
-        raise ValueError(f"unknown non-digit set {name!r}; choose one of {sorted(NONDIGIT_SETS)}")
-    draw = NONDIGIT_SETS[name]
-    rng = np.random.default_rng([seed, list(NONDIGIT_SETS).index(name)])
+def make_set(name: str, n: int, seed: int, shape: tuple[int, ...] = (1, 28, 28), role: str = "fit") -> np.ndarray:
+    """n preprocessed images (n, *shape) of one set of a role (fit, validation, test); the same (name, n, seed,
+    role) always gives the same images, and each role draws from its own random stream."""
+    sets, stream = ROLES[role]
+    if name not in sets:
+        raise ValueError(f"unknown {role} non-digit set {name!r}; choose one of {sorted(sets)}")
+    draw = sets[name]
+    key = [seed, list(sets).index(name)] if role == "fit" else [seed, list(sets).index(name), stream]
+    rng = np.random.default_rng(key)
     return np.stack([to_model_input(draw(rng), shape) for _ in range(n)])
+
+
+def rotated_digits(images: np.ndarray, labels: np.ndarray, quarter_turns: int) -> np.ndarray:
+    """Digits (N, 1, H, W) turned by 90 degrees times `quarter_turns`, leaving out those that stay digits when turned:
+    0, 1 and 8, and at 180 degrees also 6 and 9 (each other's turn)."""
+    symmetric = {0, 1, 8} | ({6, 9} if quarter_turns % 4 == 2 else set())
+    keep = ~np.isin(labels, list(symmetric))
+    return np.ascontiguousarray(np.rot90(images[keep], quarter_turns, axes=(-2, -1)))

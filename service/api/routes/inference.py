@@ -7,7 +7,7 @@ see `ImagesRequest`).
 (No `from __future__ import annotations` here: FastAPI must resolve the routes' annotations at runtime.)
 """
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -26,6 +26,7 @@ from service.api.schemas import (
     DecodeResponse,
     ErrorV1,
     InputInfo,
+    OODPartV1,
     PerturbResponse,
     Prediction,
     Reconstruction,
@@ -123,6 +124,13 @@ RejectOODQuery = Annotated[
         "model card's calibrated score); needs a calibrated model"
     ),
 ]
+IncludeOODPartsQuery = Annotated[
+    bool,
+    Query(
+        description="also return each image's ood_parts: every feature of the 'not a digit' score, how unusual it "
+        "is among training digits and what it adds to ood_score; needs a calibrated model"
+    ),
+]
 OOD_ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorV1, "description": "reject_ood=true and an image is out of distribution (not a digit)"}
 }
@@ -178,8 +186,7 @@ def ood_scores(
     batch's inputs hold `images`, which are what the caller submitted."""
 
     def assess(inputs: np.ndarray, out: Tensors) -> tuple[np.ndarray, np.ndarray]:
-        reconstruction = out[card.output_for("reconstruction").name] if calibration.needs_reconstruction else None
-        score, accepted = calibration.assess(inputs, out[card.scores.output], reconstruction)
+        score, accepted = calibration.assess(inputs, *ood_outputs(card, calibration, out))
         score.flags.writeable = accepted.flags.writeable = False
         return score, accepted
 
@@ -187,6 +194,44 @@ def ood_scores(
         score, accepted = outputs.batch.derived("ood", lambda inputs, out: assess(inputs[card.input.name], out))
         return score[outputs.rows], accepted[outputs.rows]
     return assess(images, outputs)
+
+
+def ood_outputs(
+    card: ModelCard, calibration: OODCalibration, out: Tensors
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """(scores, reconstruction, poses, routing map) for the calibration: None for those it does not use."""
+
+    def role(name: str, needed: bool) -> np.ndarray | None:
+        return out[card.output_for(name).name] if needed else None
+
+    return (
+        out[card.scores.output],
+        role("reconstruction", calibration.needs_reconstruction),
+        role("poses", calibration.needs_poses),
+        role("explanation", calibration.needs_explanation),
+    )
+
+
+def attach_ood_parts(found: Sequence[Prediction], card: ModelCard, images: np.ndarray, outputs: Tensors) -> None:
+    """Set each prediction's `ood_parts` (include_ood_parts=true)."""
+    for prediction, parts in zip(found, ood_parts(card, images, outputs), strict=True):
+        prediction.ood_parts = parts
+
+
+def ood_parts(card: ModelCard, images: np.ndarray, outputs: Tensors) -> list[list[OODPartV1]]:
+    """Each image's parts of the 'not a digit' score, in words naming its predicted class."""
+    calibration = card.ood_calibration
+    if calibration is None:
+        raise ModelCapabilityError(
+            f"model {card.name!r} has no 'not a digit' calibration (its card has no ood object), so its score has "
+            "no parts; omit include_ood_parts"
+        )
+    scores, *rest = ood_outputs(card, calibration, outputs)
+    labels = [card.classes[c] for c in scores.argmax(axis=1).tolist()]
+    return [
+        [OODPartV1(**vars(part), says=part.says(label)) for part in parts]
+        for parts, label in zip(calibration.parts(calibration.measure(images, scores, *rest)), labels, strict=True)
+    ]
 
 
 def predictions(
@@ -276,13 +321,17 @@ async def classify(
     top_k: Annotated[int, Query(ge=1, description="how many classes to rank")] = DEFAULT_TOP_K,
     include_input: IncludeInputQuery = False,
     reject_ood: RejectOODQuery = False,
+    include_ood_parts: IncludeOODPartsQuery = False,
 ) -> Response:
     """Per image: the predicted class and label, the per-class scores (capsule lengths, the paper's presence
     probabilities), `probabilities` = scores / sum(scores), and the top-k classes."""
     card = model.require_ready()
     check_top_k(card, top_k)
     info, images, outputs = await classify_images(request, model, card, settings, options)
-    return json_response(classify_result(card, info, images, outputs, top_k, include_input, reject_ood))
+    result = classify_result(card, info, images, outputs, top_k, include_input, reject_ood)
+    if include_ood_parts:
+        attach_ood_parts(result.predictions, card, images, outputs)
+    return json_response(result)
 
 
 def check_top_k(card: ModelCard, top_k: int) -> None:
@@ -314,12 +363,16 @@ async def capsules(
     options: OptionsDep,
     include_input: IncludeInputQuery = False,
     reject_ood: RejectOODQuery = False,
+    include_ood_parts: IncludeOODPartsQuery = False,
 ) -> Response:
     """Per image: every class's pose (10×16 for dynamic routing, 10×4×4 for EM), the scores, and the
     predicted class's pose as `predicted_pose`."""
     card = model.require_ready()
     info, images, outputs = await classify_images(request, model, card, settings, options)
-    return json_response(capsules_result(card, info, images, outputs, include_input, reject_ood))
+    result = capsules_result(card, info, images, outputs, include_input, reject_ood)
+    if include_ood_parts:
+        attach_ood_parts(result.capsules, card, images, outputs)
+    return json_response(result)
 
 
 def capsules_result(

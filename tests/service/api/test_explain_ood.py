@@ -202,6 +202,26 @@ def test_ood_fields_match_the_card_calibration(ood_client: TestClient, calibrate
     assert items[-1]["in_distribution"] is False  # a blank page has no ink: far below every digit
 
 
+@pytest.mark.parametrize("op", ["classify", "capsules"])
+def test_ood_parts_on_request_add_up_to_the_score(ood_client: TestClient, op: str) -> None:
+    images = np.concatenate([sample_images(2), np.zeros((1, 1, 28, 28), np.float32)])
+    r = ood_client.post(f"/v1/models/{CALIBRATED}/{op}", params={"include_ood_parts": "true"}, json=body(*images))
+    assert r.status_code == 200, r.text
+    items = r.json()["predictions" if op == "classify" else "capsules"]
+    for item in items:  # a card without a combiner: the score is the largest surprise
+        parts = item["ood_parts"]
+        assert {p["name"] for p in parts} == {"distance", "relative_distance", "winning_score", "margin", "ink"}
+        assert max(p["contribution"] for p in parts) == pytest.approx(item["ood_score"], abs=1e-5)
+        assert all(0 < p["tail_share"] <= 1 and p["says"] for p in parts)
+    blank = {p["name"]: p for p in items[2]["ood_parts"]}["ink"]
+    assert blank["value"] == 0.0 and blank["says"].startswith("the amount of ink is unlike a digit's")
+
+
+def test_ood_parts_need_a_calibration(client: TestClient) -> None:
+    r = client.post(f"/v1/models/{TINY}/classify", params={"include_ood_parts": "true"}, json=body(sample_images(1)[0]))
+    assert r.status_code == 409 and "so its score has no parts; omit include_ood_parts" in r.json()["error"]
+
+
 def test_ood_score_is_batch_independent(ood_client: TestClient) -> None:
     images = sample_images(3)
     batch = ood_client.post(f"/v1/models/{CALIBRATED}/classify", json=body(*images)).json()["predictions"]

@@ -17,6 +17,7 @@ from service.imaging import ImageLimits, open_image
 from service.runtime.ood import FEATURE_TAILS, FeatureReference, OODCalibration
 from tests.conftest import write_mnist_dir
 from training.ood import calibrate as ood
+from training.ood import fitted as ood_fitted
 from training.ood.nondigits import FONT_PACKAGE, NONDIGIT_SETS, FontMissing, font_paths, make_set
 
 
@@ -31,7 +32,7 @@ def fonts_present() -> bool:
 needs_fonts = pytest.mark.skipif(
     not fonts_present(), reason=f"the letters set needs the DejaVu fonts of Debian's {FONT_PACKAGE} package"
 )
-DRAWN_SETS = [pytest.param(n, marks=needs_fonts) if n == "letters" else n for n in NONDIGIT_SETS]
+DRAWN_SETS = [pytest.param(n, marks=needs_fonts) if n in ("letters", "symbols") else n for n in NONDIGIT_SETS]
 
 
 @pytest.mark.parametrize("name", DRAWN_SETS)
@@ -49,7 +50,7 @@ def test_blank_pages_become_all_zeros_through_the_service_preprocessing() -> Non
 
 
 def test_unknown_set_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown non-digit set 'cats'; choose one of"):
+    with pytest.raises(ValueError, match="unknown fit non-digit set 'cats'; choose one of"):
         make_set("cats", 1, seed=0)
 
 
@@ -85,13 +86,13 @@ def test_feature_tails() -> None:
 
 def test_calibration_accepts_its_percentile_of_the_reference() -> None:
     rng = np.random.default_rng(0)
-    features = {name: rng.normal(size=2000) for name in FEATURE_TAILS}
+    features = {name: rng.normal(size=2000) for name in ood_fitted.CANDIDATES["DARCCC features"]}
     card = ood.calibrate(features, 95.0, "test", 0.99)
     assert json.loads(json.dumps(card)) == card  # the card's object is plain JSON
     calibration = OODCalibration.from_card(card)
     accepted = calibration.score(features) <= calibration.threshold
     assert accepted.mean() == pytest.approx(0.95, abs=0.01)
-    assert {f.name: f.tail for f in calibration.features} == FEATURE_TAILS
+    assert {f.name: f.tail for f in calibration.features} == {n: FEATURE_TAILS[n] for n in features}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,8 @@ def test_cli_calibrates_writes_the_card_and_reports_every_set(
 ) -> None:
     data = write_mnist_dir(tmp_path / "mnist", n_train=64, n_test=32)
     report_file = tmp_path / "ood.json"
-    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "48", "--per-set", "4"]
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--method", "darccc", "--reference", "48"]
+    args += ["--per-set", "4"]
     assert ood.main([*args, "--percentile", "90", "--write-card", "--json", str(report_file)]) == 0
     report = json.loads(report_file.read_text())
     assert set(report["sets"]) == set(NONDIGIT_SETS)
@@ -133,7 +135,9 @@ def test_cli_refuses_a_reference_larger_than_the_training_set(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = write_mnist_dir(tmp_path / "mnist", n_train=64, n_test=32)
-    assert ood.main(["--model", str(tiny_model), "--data-dir", str(data), "--reference", "100"]) == 2
+    assert (
+        ood.main(["--model", str(tiny_model), "--data-dir", str(data), "--method", "darccc", "--reference", "100"]) == 2
+    )
     assert "capsnet-ood: error: --reference 100 must be between 1 and 64" in capsys.readouterr().err
 
 

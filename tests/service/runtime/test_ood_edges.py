@@ -1,0 +1,80 @@
+"""The served "not a digit" flag of each bundled model, pinned: two images just either side of its card's threshold
+through the real classify route, with their scores and the score's parts.
+
+The pairs (`ood_edges.json`) are a typeset digit blended into a letter, cut by bisection on the blend so that
+one scores just below the threshold and one just above (`python -m training.ood.calibrate --model model/zoo/<name>
+--write-edges tests/service/runtime/ood_edges.json`). They fail when the comparison, the threshold (by a
+few percent either way), a part or the combination changes; re-cut them after a new calibration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+ZOO = Path(__file__).resolve().parents[3] / "model" / "zoo"
+EDGES = Path(__file__).parent / "ood_edges.json"
+MODELS = ("capsnet-mnist", "capsnet-mnist-int8", "capsnet-em-mnist")
+NEAR = 0.05  # each image's score lies within 5% of the threshold: a 20% looser or tighter threshold flips one
+
+
+@pytest.fixture(scope="module")
+def zoo_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    from service.main import create_app
+    from tests.service.conftest import service_settings, wait_ready
+
+    if not all((ZOO / name / "model.json").is_file() for name in MODELS):
+        pytest.skip("the bundled models are not in model/zoo")
+    repository = tmp_path_factory.mktemp("zoo")
+    for name in MODELS:
+        (repository / name).symlink_to(ZOO / name)
+    with TestClient(create_app(service_settings(repository)), raise_server_exceptions=False) as client:
+        wait_ready(client)
+        yield client
+
+
+def pair_of(name: str) -> dict[str, Any]:
+    pair: dict[str, Any] = json.loads(EDGES.read_text())[name]
+    return pair
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_pair_was_cut_for_the_card_and_sits_close_either_side(name: str) -> None:
+    pair = pair_of(name)
+    threshold = json.loads((ZOO / name / "model.json").read_text())["ood"]["threshold"]
+    assert pair["threshold"] == threshold  # re-cut the pair after a new calibration
+    assert threshold > 0
+    assert threshold / (1 + NEAR) < pair["below"]["ood_score"] <= threshold < pair["above"]["ood_score"]
+    assert pair["above"]["ood_score"] < threshold * (1 + NEAR)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_served_flag_score_and_parts_either_side_of_the_threshold(zoo_client: TestClient, name: str) -> None:
+    pair = pair_of(name)
+    body = {"images": [{"array": pair[side]["pixels"]} for side in ("below", "above")]}
+    r = zoo_client.post(f"/v1/models/{name}/classify", params={"include_ood_parts": "true"}, json=body)
+    assert r.status_code == 200, r.text
+    below, above = r.json()["predictions"]
+    assert below["in_distribution"] is True and above["in_distribution"] is False
+    for side, served in (("below", below), ("above", above)):
+        assert served["ood_score"] == pytest.approx(pair[side]["ood_score"], abs=2e-5)
+        parts = {p["name"]: p["contribution"] for p in served["ood_parts"]}
+        assert parts == pytest.approx(pair[side]["parts"], abs=1e-4)
+        assert all(isinstance(p["says"], str) and p["says"] for p in served["ood_parts"])
+    plain = zoo_client.post(f"/v1/models/{name}/classify", json=body).json()["predictions"]
+    assert [p["ood_score"] for p in plain] == [below["ood_score"], above["ood_score"]] and "ood_parts" not in plain[0]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_reject_ood_passes_the_image_below_and_refuses_the_one_above(zoo_client: TestClient, name: str) -> None:
+    pair = pair_of(name)
+    route = f"/v1/models/{name}/classify"
+    ok = zoo_client.post(route, params={"reject_ood": "true"}, json={"images": [{"array": pair["below"]["pixels"]}]})
+    assert ok.status_code == 200
+    r = zoo_client.post(route, params={"reject_ood": "true"}, json={"images": [{"array": pair["above"]["pixels"]}]})
+    assert r.status_code == 422 and "not digits by the calibrated score" in r.json()["error"]

@@ -1,0 +1,183 @@
+"""Fitting the "not a digit" score: class Gaussians, the combiner, the held-out split, the sets and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.runtime.ood import OODCalibration
+from tests.conftest import write_mnist_dir
+from training.ood import calibrate as ood
+from training.ood import fitted as ood_fitted
+from training.ood import nondigits
+from training.ood.nondigits import TEST_SETS, VALIDATION_SETS, FontMissing, font_paths, make_set, rotated_digits
+
+
+def fonts_present() -> bool:
+    try:
+        font_paths()
+    except FontMissing:
+        return False
+    return True
+
+
+needs_fonts = pytest.mark.skipif(not fonts_present(), reason="the fitting sets need fonts-dejavu-core")
+
+
+@pytest.fixture
+def dejavu_for_held_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The validation and test sets drawn with the DejaVu fonts: the suite needs no more than fonts-dejavu-core."""
+    monkeypatch.setattr(nondigits, "held_out_fonts", lambda names: font_paths())
+
+
+def test_the_whitening_gives_the_mahalanobis_distance_of_the_shared_covariance() -> None:
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(3), 200)
+    vectors = rng.normal(size=(600, 4)) @ np.array([[2, 0, 0, 0], [1, 1, 0, 0], [0, 0, 3, 0], [0, 0, 1, 0.5]])
+    vectors += np.array([[0, 0, 0, 0], [5, 0, 0, 0], [0, 5, 0, 0]])[labels]
+    entry = ood_fitted.gaussian_entry(vectors, labels, 3, "scores")
+    means = np.asarray(entry["means"])
+    np.testing.assert_allclose(means[1], vectors[labels == 1].mean(axis=0))
+    centred = vectors - means[labels]
+    covariance = centred.T @ centred / len(vectors)
+    covariance += ood_fitted.SHRINKAGE * np.trace(covariance) / 4 * np.eye(4)
+    w = np.asarray(entry["whitening"])
+    np.testing.assert_allclose(w.T @ w, np.linalg.inv(covariance), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match=r"no digit of class \[3\]; give a larger --reference"):
+        ood_fitted.gaussian_entry(vectors, labels, 4, "scores")
+
+
+def test_the_combiner_separates_with_non_negative_weights() -> None:
+    rng = np.random.default_rng(0)
+    digits = rng.exponential(1.0, (400, 3))
+    outliers = rng.exponential(1.0, (400, 3)) + np.array([3.0, 0.0, 0.0])  # only the first feature tells
+    outliers[:, 2] = rng.exponential(0.2, 400)  # the third is lower for outliers: it must not count against them
+    bias, weights = ood_fitted.fit_logistic(digits, outliers)
+    assert weights[0] > 1.0 and weights[2] == 0.0 and (weights >= 0).all()
+    logit = bias + np.concatenate([digits, outliers]) @ weights
+    assert ood.auroc(logit[400:], logit[:400]) > 0.95
+
+
+def test_the_held_out_images_are_those_capsnet_train_held_out() -> None:
+    from training.data.mnist import MNISTSplit
+    from training.fitting.train import hold_out
+
+    split = MNISTSplit(np.zeros((50, 1, 2, 2), np.uint8), np.arange(50))
+    trained, held = ood_fitted.held_out(50, 10, seed=3)
+    kept, validation = hold_out(split, 10, 3)
+    assert validation is not None
+    np.testing.assert_array_equal(split.labels[held], validation.labels)
+    np.testing.assert_array_equal(split.labels[trained], kept.labels)
+    card = {"training": {"command": "capsnet-train --val-split 5000 --seed 1", "seed": 1}}
+    assert ood_fitted.training_split(card) == (5000, 1) and ood_fitted.training_split({}) == (0, 0)
+
+
+def test_turned_digits_leave_out_those_that_stay_digits() -> None:
+    images = np.arange(10 * 4, dtype=np.uint8).reshape(10, 1, 2, 2)
+    labels = np.arange(10)
+    quarter = rotated_digits(images, labels, 1)
+    assert len(quarter) == 7 and np.array_equal(quarter[0, 0], np.rot90(images[2, 0]))
+    assert len(rotated_digits(images, labels, 2)) == 5  # 0, 1, 8 and 6, 9 (each other's turn) left out
+
+
+@needs_fonts
+@pytest.mark.usefixtures("dejavu_for_held_out")
+@pytest.mark.parametrize(("role", "names"), [("validation", VALIDATION_SETS), ("test", TEST_SETS)])
+def test_validation_and_test_sets_are_seeded_and_differ_from_the_fitting_sets(role: str, names: dict) -> None:
+    for name in names:
+        a = make_set(name, 3, seed=0, role=role)
+        assert a.shape == (3, 1, 28, 28) and a.min() >= 0 and a.max() <= 1
+        np.testing.assert_array_equal(a, make_set(name, 3, seed=0, role=role))
+        if name in nondigits.NONDIGIT_SETS and name != "blank":
+            assert not np.array_equal(a, make_set(name, 3, seed=0))  # another random stream than the fitting set's
+
+
+def test_missing_held_out_fonts_name_the_packages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(nondigits, "FONT_ROOT", tmp_path)
+    with pytest.raises(FontMissing, match="held-out sets need Debian's fonts-liberation fonts-freefont-ttf"):
+        make_set("letters", 1, seed=0, role="test")
+    with pytest.raises(ValueError, match="unknown validation non-digit set 'noise'"):
+        make_set("noise", 1, seed=0, role="validation")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    from model.capsnet import CapsNet
+    from model.config import CapsNetConfig
+    from training.export.exporter import export_module
+
+    torch.manual_seed(0)
+    cfg = CapsNetConfig.tiny()
+    out = tmp_path_factory.mktemp("zoo") / "tiny"
+    export_module(CapsNet(cfg).eval(), "dynamic", cfg.to_dict(), out, name="tiny", torchscript=False)
+    return out
+
+
+@needs_fonts
+@pytest.mark.usefixtures("dejavu_for_held_out")
+def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_previous_score(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
+    report_file, cache = tmp_path / "ood.json", tmp_path / "cache"
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "100", "--combiner", "24"]
+    args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90", "--cache", str(cache)]
+    assert ood.main([*args, "--method", "darccc", "--reference", "60", "--write-card", "--json", str(report_file)]) == 0
+    previous = json.loads((tiny_model / "model.json").read_text())["ood"]
+    assert ood.main([*args, "--write-card", "--json", str(report_file)]) == 0
+    report = json.loads(report_file.read_text())
+    assert set(report["sets"]) == set(TEST_SETS) | {"digits_turned_90", "digits_turned_180"}
+    assert set(report["previous"]["sets"]) == set(report["sets"]) and report["previous"]["threshold"] == pytest.approx(
+        previous["threshold"]
+    )
+    assert report["chosen"] in ood_fitted.CANDIDATES
+    assert set(report["validation"]["candidates"]) == set(ood_fitted.CANDIDATES)
+    card = json.loads((tiny_model / "model.json").read_text())["ood"]
+    calibration = OODCalibration.from_card(card)
+    assert calibration.combiner is not None and card["threshold"] == report["threshold"]
+    assert set(card["gaussians"]) == {"pose_distance", "scores_distance"} & set(report["features"])
+    assert "20 MNIST test digits drawn at random (seed 0) as the validation" in card["threshold_rule"]
+    assert report["mnist_test"]["n"] == 20  # the test digits neither the combiner nor the validation drew
+    assert any(cache.iterdir())  # the model's outputs kept for the next run
+    printed = capsys.readouterr().out
+    assert "| letters | 3 |" in printed and "previous AUROC" in printed
+
+    edges = tmp_path / "edges.json"  # a pair either side of the card's threshold, for the tests
+    model, chars = ood_fitted.ModelOutputs(tiny_model), ood_fitted.EDGE_DIGITS + ood_fitted.EDGE_OTHERS
+    typeset = np.stack([ood_fitted.typeset(c) for c in chars]).astype(np.float32).reshape(-1, 1, 28, 28) / 255
+    scores = ood_fitted.scores_of(calibration, model.run(typeset), typeset)
+    digits, letters = scores[: len(ood_fitted.EDGE_DIGITS)], scores[len(ood_fitted.EDGE_DIGITS) :]
+    assert digits.min() < letters.max()
+
+    def with_threshold(threshold: float) -> None:
+        card["threshold"] = threshold
+        whole = json.loads((tiny_model / "model.json").read_text())
+        (tiny_model / "model.json").write_text(json.dumps({**whole, "ood": card}))
+
+    with_threshold(float(scores.min()) - 1.0)  # every typeset digit rejected: no pair
+    assert ood.main(["--model", str(tiny_model), "--write-edges", str(edges)]) == 2
+    assert "no typeset digit of 4712309568 is accepted and letter of HAKXTPE rejected" in capsys.readouterr().err
+    with_threshold(float(digits.min() + letters.max()) / 2)
+    assert ood.main(["--model", str(tiny_model), "--write-edges", str(edges)]) == 0
+    pair = json.loads(edges.read_text())["tiny"]
+    assert pair["threshold"] == card["threshold"]
+    assert pair["below"]["ood_score"] <= card["threshold"] < pair["above"]["ood_score"]
+    assert set(pair["below"]["parts"]) == set(report["features"]) and len(pair["above"]["pixels"]) == 28
+
+
+def test_cli_refuses_more_images_than_there_are(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_mnist_dir(tmp_path / "mnist", n_train=64, n_test=8)
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--val-split", "10"]
+    assert ood.main([*args, "--reference", "60"]) == 2
+    assert "--reference 60 must be between 1 and the 54 trained images" in capsys.readouterr().err
+    assert ood.main([*args, "--reference", "50", "--combiner", "4", "--validation", "4"]) == 2
+    assert (
+        "--combiner 4 + --validation 4 must be positive and leave some of the 8 test digits" in capsys.readouterr().err
+    )
