@@ -10,7 +10,9 @@ from fastapi.testclient import TestClient
 
 from tests.service.conftest import TINY, digit_image, png_bytes
 
-CLASSIFY_PARAMETERS = "include_input, invert, normalize, reject_ood, top_k, version"  # version: declared in OpenAPI
+CLASSIFY_PARAMETERS = (
+    "include_input, include_ood_parts, invert, normalize, reject_ood, top_k, version"  # version: declared in OpenAPI
+)
 
 
 def image_files() -> list[tuple[str, tuple[str, bytes, str]]]:
@@ -41,7 +43,7 @@ def test_the_valid_options_still_work_and_each_route_has_its_own(any_client: Tes
     assert r.status_code == 400
     assert r.json()["error"] == (
         f"unknown query parameter 'a', 'b', 'top_k' for /v1/models/{TINY}/capsules; valid ones: include_input, "
-        "invert, normalize, reject_ood, version"
+        "include_ood_parts, invert, normalize, reject_ood, version"
     )
 
 
