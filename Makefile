@@ -5,6 +5,11 @@ BIN := $(VENV)/bin
 DATA_DIR ?= ../shared/data/mnist
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# gRPC's port; empty: capsnet-serve takes PORT + 1 (8001 beside the default 8000). 0 turns gRPC off.
+GRPC_PORT ?=
+# Said once, when the commands are installed: they live in the venv, which nothing puts on PATH.
+PATH_HINT = The capsnet-* commands are in $(BIN), not on PATH: run them as $(BIN)/capsnet-train ..., or after \
+	'source $(BIN)/activate' (once per shell) as capsnet-train ...
 
 .PHONY: test lint typecheck pytest serve serve-install dev-install benchmark docs image-smoke proto clean
 
@@ -16,11 +21,13 @@ $(BIN)/python:
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[training,dev]'
 	touch $@
+	@echo "$(PATH_HINT)"
 
 # Serving install only: no torch.
 $(VENV)/.serve-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
+	@echo "$(PATH_HINT)"
 
 dev-install: $(VENV)/.dev-installed
 
@@ -37,7 +44,7 @@ pytest: $(VENV)/.dev-installed
 test: lint typecheck pytest
 
 serve: $(VENV)/.serve-installed
-	$(BIN)/capsnet-serve --host $(HOST) --port $(PORT)
+	$(BIN)/capsnet-serve --host $(HOST) --port $(PORT) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT))
 
 benchmark: $(VENV)/.dev-installed
 	$(BIN)/python -m training.benchmarks.speed

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -30,7 +32,7 @@ from service.api.routes import explain, explorer, health, inference, metrics, mo
 from service.api.routes.docs import install_docs
 from service.api.schemas import DecodeRequest, ErrorV1, ErrorV2, ImagesRequest, InferenceRequest
 from service.core.auth import TokenStore
-from service.core.config import ConfigError, Settings
+from service.core.config import ConfigError, Settings, closest, unknown_variables
 from service.core.errors import describe_errors, install_error_handlers
 from service.core.metrics import Metrics
 from service.grpc.server import GrpcServer
@@ -104,9 +106,12 @@ def openapi_with_bodies(app: FastAPI) -> Callable[[], dict[str, Any]]:
         )
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         schemas.update(defs["$defs"])
-        # Validation errors are answered 400 by install_error_handlers: FastAPI's default 422 never happens.
+        # Validation errors are answered 400 by install_error_handlers: FastAPI's default 422 never happens. A 422
+        # a route declares itself (reject_ood's out_of_distribution) stays.
         for operation in (op for path in schema["paths"].values() for op in path.values()):
-            operation.get("responses", {}).pop("422", None)
+            responses = operation.get("responses", {})
+            if "HTTPValidationError" in json.dumps(responses.get("422", {})):
+                del responses["422"]
         for unused in ("HTTPValidationError", "ValidationError"):
             schemas.pop(unused, None)
         app.openapi_schema = schema
@@ -193,12 +198,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", help="address to bind (default: CAPSNET_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default: CAPSNET_PORT or 8000)")
     parser.add_argument(
-        "--grpc-port", type=int, help="gRPC port; 0 turns gRPC off (default: CAPSNET_GRPC_PORT or 8001)"
+        "--grpc-port", type=int, help="gRPC port; 0 turns gRPC off (default: CAPSNET_GRPC_PORT or the port + 1)"
     )
     parser.add_argument(
         "--model-repository",
         type=Path,
-        help="directory of model directories (default: CAPSNET_MODEL_REPOSITORY or the bundled model/zoo)",
+        help="directory of model directories, or one model directory (default: CAPSNET_MODEL_REPOSITORY or the "
+        "bundled model/zoo)",
     )
     parser.add_argument(
         "--model-control",
@@ -226,25 +232,98 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before any model loads, so that a taken port fails at once with one clear line."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    except OSError as e:
-        sys.exit(f"capsnet-serve: cannot listen on {host}:{port}: {e.strerror or e}")
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart over TIME_WAIT
+def free_port(host: str, start: int, count: int = 1) -> int | None:
+    """The first port from `start` up (at most 100 tried) such that it and the `count - 1` after it are free."""
+    for port in range(max(start, 1024), min(start + 100, 65536 - count)):
+        try:
+            for candidate in range(port, port + count):
+                _probe(host, candidate).close()
+        except OSError:
+            continue
+        return port
+    return None
+
+
+def _probe(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port as the servers bind theirs (SO_REUSEADDR: a port in TIME_WAIT counts as free)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and gRPC do: restart over TIME_WAIT
     try:
         sock.bind((host, port))
-    except OSError as e:
+    except OSError:
         sock.close()
-        sys.exit(
-            f"capsnet-serve: cannot listen on {host}:{port}: {e.strerror or e}; "
-            f"choose another with --port or CAPSNET_PORT (e.g. make serve PORT={port + 1 if port < 65535 else 8001})"
-        )
+        raise
+    return sock
+
+
+def bind_advice(error: OSError, host: str, port: int, option: str) -> str:
+    """What to do about a failed bind, naming the setting at fault: the address, or the port (with a free one)."""
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        return "not an address of this machine; choose another with --host or CAPSNET_HOST (e.g. 127.0.0.1 or 0.0.0.0)"
+    variable = option.replace("-", "_").upper()
+    setting = f"--{option} or CAPSNET_{variable}"
+    suggestion = free_port(host, port + 1, 2 if option == "port" else 1)  # a free HTTP port has a free gRPC port + 1
+    example = f" (e.g. --{option} {suggestion}, or make serve {variable}={suggestion})" if suggestion else ""
+    if error.errno == errno.EACCES:
+        return f"ports below 1024 need privileges; choose another with {setting}{example}"
+    return f"choose another with {setting}{example}"
+
+
+def listening_socket(host: str, port: int, grpc_port: int = 0) -> socket.socket:
+    """The server's socket, bound before any model loads, so that a taken port fails at once with one clear line;
+    `grpc_port` (0: none) is checked the same way (gRPC binds it when the app starts)."""
+    try:
+        sock = _probe(host, port)
+    except OSError as e:
+        advice = bind_advice(e, host, port, "port")
+        sys.exit(f"capsnet-serve: cannot listen on {host}:{port}: {e.strerror or e}; {advice}")
+    if grpc_port:
+        check_grpc_port(host, grpc_port)
     address = f"[{host}]" if ":" in host else host
     logger.info("listening on http://%s:%d (Ctrl-C to quit)", address, sock.getsockname()[1])
     return sock
+
+
+def check_grpc_port(host: str, port: int) -> None:
+    """Exit with one line when the gRPC port cannot be bound, before any model loads (gRPC binds it at start-up)."""
+    try:
+        _probe(host, port).close()
+    except OSError as e:
+        sys.exit(
+            f"capsnet-serve: cannot listen for gRPC on {host}:{port}: {e.strerror or e}; "
+            f"{bind_advice(e, host, port, 'grpc-port')}; --grpc-port 0 turns gRPC off"
+        )
+
+
+def warn_unknown_variables() -> None:
+    """A warning per CAPSNET_* variable that is no setting (a misspelling would otherwise be ignored in silence)."""
+    for name, match in unknown_variables(os.environ):
+        hint = f"did you mean {match}?" if match else "see capsnet-serve --help and the settings page"
+        logger.warning("ignoring %s: no such setting; %s", name, hint)
+
+
+def check_repository(settings: Settings) -> None:
+    """Exit with one line when the repository holds no model directory or lacks CAPSNET_DEFAULT_MODEL."""
+    try:
+        found = model_directories(settings.model_repository)
+    except OSError as e:
+        sys.exit(f"capsnet-serve: {e}")
+    if not found:
+        sys.exit(
+            f"capsnet-serve: no model directories (with model.json) in {settings.model_repository}: pass a "
+            "directory of model directories, or one model directory"
+        )
+    if found == [settings.model_repository]:
+        logger.info("%s is a model directory: serving it alone", settings.model_repository)
+    names = sorted(path.resolve().name for path in found)
+    if settings.default_model is not None and settings.default_model not in names:
+        match = closest(settings.default_model, names)
+        sys.exit(
+            f"capsnet-serve: the default model {settings.default_model!r} (CAPSNET_DEFAULT_MODEL) is not in "
+            f"{settings.model_repository}, which holds {names}"
+            + (f"; did you mean {match!r}?" if match else "; unset it to serve the one with the lowest test error")
+        )
 
 
 class DrainingServer(uvicorn.Server):
@@ -291,7 +370,7 @@ def http_server(settings: Settings, app: FastAPI) -> DrainingServer:
 
 def serve(settings: Settings, app: FastAPI) -> None:
     """Run `app` until SIGTERM or Ctrl-C; exit 1 if it could not start."""
-    sock = listening_socket(settings.host, settings.port)
+    sock = listening_socket(settings.host, settings.port, settings.grpc_port)
     # uvicorn drains on SIGTERM, then re-raises the signal with the handler it found; this one makes a
     # graceful shutdown exit with status 0 instead of dying by the signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
@@ -318,11 +397,8 @@ def main(argv: list[str] | None = None) -> None:
         problems = describe_errors(e.errors(), whole="settings")
         sys.exit(f"capsnet-serve: invalid settings (CAPSNET_* variables or options): {problems}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        if not model_directories(settings.model_repository):
-            sys.exit(f"capsnet-serve: no model directories (with model.json) in {settings.model_repository}")
-    except OSError as e:
-        sys.exit(f"capsnet-serve: {e}")
+    warn_unknown_variables()
+    check_repository(settings)
     try:
         app = create_app(settings)
     except ConfigError as e:

@@ -6,12 +6,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 from starlette.requests import HTTPConnection
 
 from service.core.auth import ADMIN, INVALID_TOKEN, MISSING_TOKEN, NOT_ADMIN, WRONG_SCHEME, TokenStore, bearer_token
 from service.core.config import Settings
-from service.core.errors import Forbidden, Unauthorized
+from service.core.errors import Forbidden, InvalidInput, Unauthorized
 from service.runtime.model import ServedModel
 from service.runtime.registry import ModelRegistry
 
@@ -30,6 +31,39 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 
 
+def query_parameters(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route's function reads: its own and its dependencies' (by the names clients send)."""
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= query_parameters(sub)
+    return frozenset(names)
+
+
+def route_query_parameters(route: Any) -> frozenset[str]:
+    """The query parameters a route takes: those its function reads and those its OpenAPI declares (`version`,
+    which `addressed_model` reads itself)."""
+    declared = (getattr(route, "openapi_extra", None) or {}).get("parameters", [])
+    return query_parameters(route.dependant) | {p["name"] for p in declared if p.get("in") == "query"}
+
+
+_ROUTE_QUERY_PARAMETERS: dict[int, frozenset[str]] = {}  # id(route) -> its query parameters, computed once
+
+
+async def known_query_parameters(request: Request) -> None:
+    """400 for a query parameter the route does not read (e.g. `topk` for `top_k`), naming the ones it does."""
+    if not request.scope["query_string"]:
+        return
+    route = request.scope["route"]
+    valid = _ROUTE_QUERY_PARAMETERS.get(id(route))
+    if valid is None:
+        valid = _ROUTE_QUERY_PARAMETERS[id(route)] = route_query_parameters(route)
+    unknown = sorted(set(request.query_params) - valid)
+    if unknown:
+        names = ", ".join(repr(n) for n in unknown)
+        accepted = f"valid ones: {', '.join(sorted(valid))}" if valid else "it takes none"
+        raise InvalidInput(f"unknown query parameter {names} for {request.url.path}; {accepted}")
+
+
 async def named_model(
     registry: RegistryDep, name: Annotated[str, Path(description="model name")]
 ) -> AsyncIterator[ServedModel]:
@@ -40,7 +74,9 @@ async def named_model(
 
 async def addressed_model(request: Request) -> AsyncIterator[ServedModel]:
     """The model a v1 operation addresses: `/v1/models/{name}/<op>` names it, `/v1/<op>` means the default; the
-    `version` query parameter picks a version (default: the newest serving). Held until answered."""
+    `version` query parameter picks a version (default: the newest serving). Held until answered. Checks the
+    query string first (`known_query_parameters`): one dependency level per request."""
+    await known_query_parameters(request)
     registry: ModelRegistry = request.app.state.registry  # read directly: one dependency level per request
     name = request.path_params.get("name")
     version = request.query_params.get("version") or None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -15,6 +17,10 @@ from service.machine import usable_cpus
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_REPOSITORY = REPO_ROOT / "model" / "zoo"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+DEFAULT_PORT = 8000
+# CAPSNET_* variables that are not service settings: the training commands' data directory, the benchmark's and
+# the tests' own. `unknown_variables` does not warn about them.
+OTHER_VARIABLES = ("CAPSNET_DATA_DIR", "CAPSNET_BENCH", "CAPSNET_CHROMIUM", "CAPSNET_UPDATE_SCREENSHOT")
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +89,13 @@ class Settings(BaseSettings):
         default=10.0, gt=0.0, description="With model_control=poll: seconds between two scans of the repository."
     )
     host: str = Field(default="127.0.0.1", description="Address `capsnet-serve` binds to.")
-    port: int = Field(default=8000, ge=0, le=65535, description="Port `capsnet-serve` listens on.")
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="Port `capsnet-serve` listens on.")
     grpc_port: int = Field(
-        default=8001,
+        default=DEFAULT_PORT + 1,
         ge=0,
         le=65535,
-        description="Port of the gRPC Open Inference Protocol and health services (same host); 0 turns gRPC off.",
+        description="Port of the gRPC Open Inference Protocol and health services (same host); 0 turns gRPC off. "
+        "Unset: the HTTP port + 1 (8001 beside the default 8000).",
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = Field(default=False, description="Log one line per request (the metrics count them anyway).")
@@ -182,6 +189,19 @@ class Settings(BaseSettings):
     )
     auth_metrics: bool = Field(default=False, description="With auth_tokens_file: /metrics needs a token too.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _grpc_port_beside_http(cls, values: Any) -> Any:
+        """An unset gRPC port is the HTTP port + 1, so that any `--port` (or `make serve PORT=...`) works alone."""
+        if isinstance(values, dict) and values.get("grpc_port") is None and "port" in values:
+            try:
+                port = int(values["port"])
+            except (TypeError, ValueError):
+                return values  # the port's own validation names the problem
+            if 0 < port < 65535:
+                return {**values, "grpc_port": port + 1}
+        return values
+
     @field_validator("auth_tokens_file", mode="before")
     @classmethod
     def _no_empty_path(cls, value: object) -> object:
@@ -236,3 +256,28 @@ class Settings(BaseSettings):
 def env_name(field: str) -> str:
     """The environment variable of a setting, e.g. `max_image_pixels` -> `CAPSNET_MAX_IMAGE_PIXELS`."""
     return f"{Settings.model_config.get('env_prefix', '')}{field}".upper()
+
+
+def closest(name: str, choices: list[str]) -> str | None:
+    """The choice most like `name` (a misspelling's likely intent), or None when none is close."""
+    found = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The CAPSNET_* variables of `environ` that are no setting (nor one of OTHER_VARIABLES), each with the closest
+    setting's variable (None: nothing close), sorted by name."""
+    prefix = str(Settings.model_config.get("env_prefix", "")).upper()
+    fields = [field.upper() for field in Settings.model_fields]
+    unknown = sorted(
+        name
+        for name in environ
+        if name.upper().startswith(prefix)
+        and name.upper().removeprefix(prefix) not in fields
+        and not name.upper().startswith(OTHER_VARIABLES)
+    )
+    found = []
+    for name in unknown:
+        match = closest(name.upper().removeprefix(prefix), fields)
+        found.append((name, None if match is None else prefix + match))
+    return found

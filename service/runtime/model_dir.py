@@ -424,6 +424,26 @@ def requested_providers(choice: str) -> list[str]:
     return [CUDA, CPU] if CUDA in available and gpu_visible() else [CPU]
 
 
+def provider_summary(choice: str) -> str:
+    """For the start-up log: the provider `choice` (auto, cuda or cpu) runs on, and why each other one this
+    onnxruntime build offers is not used."""
+    try:
+        providers = requested_providers(choice)
+    except (ProviderUnavailable, ValueError) as e:
+        return str(e)
+    unused = []
+    for name in ort.get_available_providers():
+        if name in providers:
+            continue
+        if name == CUDA:
+            why = "CAPSNET_PROVIDER=cpu" if choice == "cpu" else "no GPU visible"
+        else:
+            why = "the service runs on CUDA or the CPU only"
+        unused.append(f"{name} ({why})")
+    used = providers[0] + (" with CPU fallback" if len(providers) > 1 else "")
+    return f"{used} (CAPSNET_PROVIDER={choice})" + (f"; not used: {', '.join(unused)}" if unused else "")
+
+
 def preload_cuda_libraries() -> None:
     """Let onnxruntime find CUDA/cuDNN from pip-installed NVIDIA wheels where they are present."""
     preload = getattr(ort, "preload_dlls", None)

@@ -17,14 +17,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import onnxruntime as ort
-
 from service.core.config import Settings
 from service.core.errors import Forbidden, ModelLoadFailed, ModelNotFound, ModelNotReady
 from service.core.metrics import Metrics
 from service.runtime.batcher import BatchingPolicy
 from service.runtime.model import ModelState, RuntimeOptions, ServedModel
-from service.runtime.model_dir import ModelCard
+from service.runtime.model_dir import ModelCard, provider_summary
 from service.runtime.repository import (
     ModelSource,
     check_model_name,
@@ -133,10 +131,8 @@ class ModelRegistry:
         names = self.settings.load_models if explicit else list(sources)
         options = self.options
         logger.info(
-            "model control %s; execution provider %s (CAPSNET_PROVIDER; onnxruntime offers %s), %d intra-op threads, "
-            "%d parallel runs under load",
-            *(control, options.provider, ort.get_available_providers(), options.intra_op_threads),
-            options.parallel_runs,
+            "model control %s; execution provider %s; %d intra-op threads, %d parallel runs under load",
+            *(control, provider_summary(options.provider), options.intra_op_threads, options.parallel_runs),
         )
         async with self._lock:
             for name in names:
@@ -145,6 +141,12 @@ class ModelRegistry:
                     continue
                 await self._reconcile(name, sources[name], retry_failed=True)
             self._refresh_default()
+        if self.settings.default_model and self.settings.default_model not in sources:
+            self.load_error = (
+                f"the default model {self.settings.default_model!r} (CAPSNET_DEFAULT_MODEL) is not in the repository; "
+                f"models there: {sorted(sources)}"
+            )
+            logger.error(self.load_error)
         self.started = True
         ready = [m.name for m in self.models.values() if m.serving]
         logger.info(

@@ -170,9 +170,13 @@ def read_source(path: Path) -> ModelSource | None:
 
 
 def model_directories(root: Path) -> list[Path]:
-    """The model folders of `root` (a card, or numbered version folders with cards), sorted by name."""
+    """The model folders of `root` (a card, or numbered version folders with cards), sorted by name; `root` alone
+    when it holds a card itself (a repository of one model)."""
     if not root.is_dir():
         raise FileNotFoundError(f"model repository {root} is not a directory")
+    if is_model_dir(root):
+        logger.debug("%s is a model directory: a repository of one", root)
+        return [root]
     found = []
     for path in sorted(p for p in root.iterdir() if p.is_dir()):
         if read_source(path) is not None:
@@ -202,6 +206,8 @@ def find_source(root: Path, name: str) -> ModelSource:
     """The model folder `name` directly inside `root`: InvalidInput for a name that is not one, ModelNotFound
     when absent (a symbolic link leading out of the repository is absent too)."""
     check_model_name(name)
+    if is_model_dir(root) and root.resolve().name == name:  # a repository of one model
+        return read_source(root)  # type: ignore[return-value]  # not None: it holds a card
     path = root / name
     try:
         inside = path.resolve().parent == root.resolve()

@@ -12,6 +12,8 @@
   const SLIDER_RANGE = 0.25; // the paper's Figure 4 range: each dimension moved by −0.25 … 0.25
   const SLIDER_STEP = 0.01;
   const INK_WIDTH = 20; // stroke width on the 280-pixel canvas: about 2 MNIST pixels
+  // A transparent pixel: an image with nothing to show yet shows its black background, not a broken-image icon.
+  const BLANK_IMAGE = "data:image/gif;base64,R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7";
 
   const state = {
     models: [],
@@ -401,14 +403,14 @@
     $("explain-method").replaceChildren();
     $("explain-method").disabled = true;
     $("explain-meaning").textContent = "";
-    $("explanation").removeAttribute("src");
+    $("explanation").src = BLANK_IMAGE;
     if (state.explainUrl) URL.revokeObjectURL(state.explainUrl);
     state.explainUrl = null;
     const input = $("model-input").getContext("2d");
     input.fillStyle = "#000";
     input.fillRect(0, 0, input.canvas.width, input.canvas.height);
     const img = $("reconstruction");
-    img.removeAttribute("src");
+    img.src = BLANK_IMAGE;
     if (state.reconUrl) URL.revokeObjectURL(state.reconUrl);
     state.reconUrl = null;
   }

@@ -27,6 +27,7 @@ from service.contract import (
     ModelDirError,
     file_entries,
     load_model_dir,
+    read_card,
     write_card,
 )
 from training.export.card import stamp
@@ -61,6 +62,21 @@ def check_request(name: str, opset: int, out_dir: Path | str) -> None:
         )
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old: use {MIN_OPSET} or newer")
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    """Refuse to replace an existing model directory (or any non-empty directory) unless `force` (the CLIs' --force)."""
+    if force or not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    try:
+        card = read_card(out)
+        what = f"holds model {card.get('name')!r} version {card.get('version')}"
+    except ModelDirError:
+        what = "exists" if out.is_dir() else "exists and is not a directory"
+    raise ExportError(
+        f"--out {out} {what}: write to a new name (e.g. --out {out.parent / (out.name + '-2')}), or pass --force "
+        "to replace it"
+    )
 
 
 def verify_model_dir(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from torch import nn
 from model.capsnet import count_parameters
 from service.contract import DECODER_FILE, GRAPH_FILE, sha256_file
 from training.data.mnist import DATA_DIR_ENV, MNISTSplit, load_split
-from training.entry import cli_error
+from training.entry import bundled_repository, cli_error, data_dir_option, sibling_command
 from training.export.card import DECODER_INPUTS, INPUT_NAME, CardIdentity, build_card
 from training.export.directory import (
     ARTIFACTS,
@@ -34,6 +34,7 @@ from training.export.directory import (
     MIN_OPSET,
     PROGRAM,
     Artifacts,
+    check_out_dir,
     check_request,
     write_model_dir,
 )
@@ -293,6 +294,22 @@ def _summary(card: dict[str, Any], out_dir: Path, dry_run: bool) -> dict[str, An
     }
 
 
+def next_steps(out: Path, data_dir: str | None) -> list[str]:
+    """What to run after an export: evaluate, calibrate the "not a digit" score, serve."""
+    data = data_dir_option(data_dir)
+    model = shlex.quote(str(out))
+    if out.resolve().parent == bundled_repository().resolve():
+        serve = "make serve"
+    else:
+        serve = f"{sibling_command('capsnet-serve')} --model-repository {shlex.quote(str(out.parent))}"
+    return [
+        f"next: evaluate it:  {sibling_command('capsnet-evaluate')} --model {model}{data}",
+        f'      calibrate its "not a digit" score (without it reject_ood=true answers 409):  '
+        f"{sibling_command('capsnet-ood')} --model {model}{data} --write-card",
+        f"      serve it beside the other models of {out.parent}:  {serve}",
+    ]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="capsnet-export",
@@ -307,7 +324,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead of CKPT: rebuild the PyTorch model from an exported model directory's graphs, check that it "
         "reproduces them, and export it again (keeps the card's training record; version + 1) (default: off)",
     )
-    p.add_argument("--out", required=True, help="model directory to write, e.g. model/zoo/capsnet-mnist (required)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="model directory to write, e.g. model/zoo/my-capsnet; an existing one only with --force (required)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the model directory --out if it exists (default: refuse; export to a new name instead)",
+    )
     p.add_argument(
         "--name",
         default=None,
@@ -358,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     name = args.name or out.resolve().name
     try:
+        if not args.dry_run:
+            check_out_dir(out, args.force)
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / name if args.dry_run else out
             evaluate = not (args.dry_run or args.no_evaluate)
@@ -376,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # ExportError, IDXError and checkpoint errors are ValueErrors
         return cli_error("capsnet-export", e)
     print(json.dumps(_summary(card, out, args.dry_run)))
+    if not args.dry_run:
+        print("\n".join(next_steps(out, args.data_dir)), file=sys.stderr)
     return 0
 
 

@@ -151,6 +151,21 @@ clock: Callable[[], float] = time.monotonic  # what budgets are judged by (deadl
 RECENT_STEPS = 10  # the next step's duration is judged by the longest of this many recent ones
 
 
+def on_terminal() -> bool:
+    """stderr is a terminal: progress bars are drawn there; logs and pipes get plain lines instead."""
+    return sys.stderr.isatty()
+
+
+def epoch_summary(row: dict[str, Any], epochs: int, best_test_error: float) -> str:
+    """One readable line per epoch for the log (metrics.jsonl holds the row's JSON)."""
+    parts = [f"test error {row['test_error']:.2%} (best {min(best_test_error, row['test_error']):.2%})"]
+    if "val_error" in row:
+        parts.append(f"validation error {row['val_error']:.2%}")
+    parts.append(f"train loss {row['train_loss']:.4f}")
+    parts.append(f"{row['seconds']:.0f} s, {row['images_per_second']:.0f} images/s")
+    return f"epoch {row['epoch']}/{epochs}: " + ", ".join(parts)
+
+
 def within_budget(deadline: float | None, last_epoch_seconds: float | None) -> bool:
     """Whether another epoch fits before `deadline` (a `clock()` value), judged by the last one's duration."""
     return fits(deadline, last_epoch_seconds)
@@ -396,12 +411,15 @@ class Trainer(Generic[TaskT]):
         first, seconds_before, started = progress.step, progress.seconds, time.perf_counter()
         self.ddp.train()
         total_steps = max(cfg.epochs * len(batches), 1)
+        desc = "dry run: 1 batch" if cfg.dry_run else f"epoch {epoch + 1}/{cfg.epochs}"
+        if self.info.is_main and not on_terminal():  # a log has no bar: one line says what is coming
+            log.info("%s: training, steps %d to %d", desc, first + 1, len(batches))
         bar = tqdm(
             batches[first:],
-            desc="dry run: 1 batch" if cfg.dry_run else f"epoch {epoch + 1}/{cfg.epochs}",
+            desc=desc,
             initial=first,
             total=len(batches),
-            disable=not self.info.is_main,
+            disable=not (self.info.is_main and on_terminal()),  # carriage returns only on a terminal
             mininterval=2.0,
             file=sys.stderr,
         )
@@ -528,8 +546,8 @@ class Trainer(Generic[TaskT]):
             if self.cfg.dry_run:  # its one row is the result the caller prints, not a log line
                 self.history.append(row)
                 break
-            log.info("epoch %d: %s", self.epoch, json.dumps(row))
             self._end_epoch(row)
+            log.info("%s", epoch_summary(row, self.cfg.epochs, self.best_test_error))
             budget.saved_at = clock()
         return self.history
 

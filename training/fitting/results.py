@@ -20,14 +20,15 @@ class EvalResult:
 
     @property
     def test_error(self) -> float:
-        return self.errors / self.n if self.n else float("nan")
+        """errors / n, rounded to the digits n supports (`count_share`)."""
+        return count_share(self.errors, self.n)
 
     def to_dict(self) -> dict[str, Any]:
         per_class_total = self.confusion.sum(axis=1)
         per_class_err = 1.0 - np.diag(self.confusion) / np.maximum(per_class_total, 1)
         return {
             "test_error": self.test_error,
-            "test_accuracy": 1.0 - self.test_error,
+            "test_accuracy": count_share(self.n - self.errors, self.n),
             "n": self.n,
             "errors": self.errors,
             "per_class_error": {str(k): round(float(e), 6) for k, e in enumerate(per_class_err)},
@@ -45,6 +46,12 @@ class EvalResult:
             "per_class_error": full["per_class_error"],
             "evaluated_with": evaluated_with,
         }
+
+
+def count_share(count: int, n: int) -> float:
+    """count / n rounded to one decimal more than n has digits: distinct counts stay distinct, and no float noise
+    (1 - 0.7693 = 0.23070000000000002) is shown; NaN for n = 0."""
+    return round(count / n, len(str(n)) + 1) if n else float("nan")
 
 
 def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> np.ndarray:

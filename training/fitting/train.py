@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -21,14 +22,14 @@ from torch.utils.data import DistributedSampler
 
 from training.data.generators import pad_split
 from training.data.mnist import IDXError, MNISTSplit, load_split
-from training.entry import cli_error
+from training.entry import bundled_repository, cli_error, data_dir_option, sibling_command
 from training.export.rebuild import warm_start
 from training.fitting.architectures import ARCHITECTURES, Architecture, get_architecture
 from training.fitting.checkpoint import load_checkpoint
 from training.fitting.config import TrainConfig
 from training.fitting.device import keep_freed_memory, resolve_device
 from training.fitting.evaluate import evaluate_torch
-from training.fitting.loop import EXIT_UNFINISHED, Autocast, DistInfo, Step, Trainer, init_distributed
+from training.fitting.loop import EXIT_UNFINISHED, Autocast, DistInfo, Step, Trainer, init_distributed, on_terminal
 from training.options import add_data_dir, add_device
 
 log = logging.getLogger(__name__)
@@ -165,11 +166,17 @@ class ClassificationTask:
         return Step(loss.total, {k: v.detach() for k, v in loss.parts.items()}, len(batch), correct)
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
-        """Loss and error on the test set, and on the held-out training images where there are some."""
+        """Loss and error on the test set, and on the held-out training images where there are some (a progress
+        bar on a terminal, a log line elsewhere)."""
         row: dict[str, Any] = {}
+        bar = self.info.is_main and on_terminal()
         for prefix, split in (("test", self.test_split), ("val", self.val_data)):
             if split is not None:
-                result = evaluate_torch(model, self.arch, split, self.device, self.cfg.eval_batch_size, max_batches)
+                if self.info.is_main and not bar:
+                    log.info("evaluating on %s %s images", f"{len(split):,}", prefix)
+                result = evaluate_torch(
+                    model, self.arch, split, self.device, self.cfg.eval_batch_size, max_batches, progress=bar
+                )
                 row |= {f"{prefix}_loss": round(result.loss, 6), f"{prefix}_error": result.test_error}
                 row[f"{prefix}_n"] = result.n
         return row
@@ -371,6 +378,28 @@ def learning_rate(args: argparse.Namespace) -> float:
     return float(args.lr) if args.lr is not None else get_architecture(args.arch).default_lr
 
 
+def closing_lines(out: Path, data_dir: str | None) -> list[str]:
+    """What a finished run wrote (with the best epoch) and what to run next: evaluate, export to a new name."""
+    written = ("metrics.jsonl", "training_curve.png", "last.pt", "best.pt", "best_val.pt")
+    files = [f for f in written if (out / f).exists()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    best = min(rows, key=lambda r: (r["test_error"], r["epoch"]))
+    name = out.resolve().name.lower()
+    zoo = bundled_repository()
+    while (zoo / name).exists():  # a new name: never the bundled models' (capsnet-export refuses them anyway)
+        name += "-2"
+    data = data_dir_option(data_dir)
+    checkpoint = shlex.quote(str(out / "best.pt"))
+    target = shlex.quote(str(Path("model") / "zoo" / name))
+    return [
+        f"capsnet-train: wrote {', '.join(files)} to {out}; best.pt is epoch {best['epoch']} "
+        f"(test error {best['test_error']:.2%})",
+        f"next: evaluate it:  {sibling_command('capsnet-evaluate')} --checkpoint {checkpoint}{data}",
+        f"      export it to a model directory of its own:  {sibling_command('capsnet-export')} {checkpoint} "
+        f"--out {target}{data}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -404,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
     if history and trainer.info.is_main:
         print(json.dumps(history[-1]))
+    if not args.dry_run and trainer.finished and trainer.info.is_main:
+        print("\n".join(closing_lines(Path(args.out), args.data_dir)), file=sys.stderr)
     if not args.dry_run and not trainer.finished:
         if trainer.info.is_main:
             print(

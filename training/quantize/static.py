@@ -49,7 +49,7 @@ from service.contract import (
 from training.data.mnist import MNISTSplit, load_split, to_float
 from training.entry import cli_error
 from training.export.card import git_state
-from training.export.directory import Artifacts, check_request, write_model_dir
+from training.export.directory import Artifacts, check_out_dir, check_request, write_model_dir
 from training.export.graphs import check_onnx_graph, default_opset
 from training.fitting.results import EvalResult, confusion_matrix
 from training.options import add_data_dir
@@ -411,7 +411,14 @@ def build_parser() -> argparse.ArgumentParser:
     defaults, bounds = QuantizeOptions(), ParityBounds()
     p.add_argument("parent", metavar="MODEL_DIR", help="float32 model directory, e.g. model/zoo/capsnet-mnist")
     p.add_argument(
-        "--out", required=True, help="model directory to write, e.g. model/zoo/capsnet-mnist-int8 (required)"
+        "--out",
+        required=True,
+        help="model directory to write, e.g. model/zoo/my-capsnet-int8; an existing one only with --force (required)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the model directory --out if it exists (default: refuse; write to a new name instead)",
     )
     add_data_dir(p)
     p.add_argument(
@@ -510,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             ops=tuple(o for o in args.ops.split(",") if o), quant_format=args.format,
             per_channel=not args.per_tensor, rewrite_u_hat=not args.keep_einsum, seed=args.seed,
         )  # fmt: skip
+        if not args.dry_run and out.resolve() != Path(args.parent).resolve():  # the parent: refused below
+            check_out_dir(out, args.force)
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / name if args.dry_run else out
             card = quantize_model_dir(

@@ -56,7 +56,7 @@ def require_explanation(model: ServedModel) -> ModelCard:
         raise ModelCapabilityError(
             f"model {model.name!r} has no routing map: its graph has no explanation output (role 'explanation'; "
             f"outputs: {[o.name for o in card.outputs]}); method=occlusion works for it. Dynamic-routing models "
-            "exported before the output existed gain it with `capsnet-export --from-model-dir DIR --out DIR`"
+            "exported before the output existed gain it with `capsnet-export --from-model-dir DIR --out DIR --force`"
         )
     return card
 

@@ -6,13 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
-from service.api.deps import RegistryDep, named_model
+from service.api.deps import RegistryDep, known_query_parameters, named_model
 from service.api.schemas import ErrorV1, ModelDetail, ModelList, ModelSummary, VersionState
 from service.explanation import explain_methods
 from service.runtime.model import ServedModel
 from service.runtime.model_dir import without_machine_paths
 
-router = APIRouter(tags=["v1"])
+router = APIRouter(tags=["v1"], dependencies=[Depends(known_query_parameters)])
 
 
 def summary(model: ServedModel, versions: list[ServedModel] | None = None) -> ModelSummary:

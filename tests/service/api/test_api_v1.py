@@ -326,9 +326,12 @@ def test_openapi_documents_every_route_with_examples(client: TestClient) -> None
         assert "413" not in listed and "415" not in listed and "404" in listed, path  # GETs read no body or image
     assert "content" not in paths["/v2/models/{name}/ready"]["get"]["responses"]["400"]  # not ready: empty body
     assert {"413", "415"} <= set(paths["/v2/models/{name}/infer"]["post"]["responses"])
+    ood = {f"/v1{prefix}/{op}" for prefix in ("", "/models/{name}") for op in ("classify", "capsules")}
     for path, operations in paths.items():  # bad parameters are 400s (see test_errors), never FastAPI's 422
         for method, operation in operations.items():
-            assert "422" not in operation["responses"], (method, path)
+            error = operation["responses"].get("422", {})  # only reject_ood's "not a digit", as ErrorV1
+            assert (path in ood) == ("reject_ood=true" in error.get("description", "")), (method, path)
+            assert path not in ood or error["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorV1")
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     assert client.post("/v1/classify?top_k=x").status_code == 400
     assert client.get("/docs").status_code == 200

@@ -1,20 +1,27 @@
 """The OpenAPI document tells the truth: schemathesis, every check on, against a live server on the tiny repository.
 
 Bounded by tests/service/api/schemathesis.toml (10 examples per operation, deterministic generation, no cache) to
-about 20 s on two busy cores; its comments say which statuses a schema-valid request may get and why.
+about 20 s on two busy cores; its comments say which statuses a schema-valid request may get and why. Its `tiny`
+carries a "not a digit" calibration that rejects every image, so that `reject_ood=true` reaches the 422 answer
+and the status-code conformance check sees it.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.conftest import synthetic_digits
+from tests.service.conftest import TINY
 from tests.service.live_server import running_server
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
@@ -29,9 +36,25 @@ def schemathesis_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())"]
 
 
+def rejecting_repository(model_repository: Path, root: Path) -> Path:
+    """A copy of the tiny repository whose `tiny` is calibrated with a threshold below every score: every image is
+    "not a digit", so reject_ood=true answers 422 (the default model is `tiny`: the first name, none has a test
+    error)."""
+    from training.ood.calibrate import ModelOutputs, calibrate, write_ood_calibration
+
+    repository = root / "repository"
+    shutil.copytree(model_repository, repository)
+    images, _ = synthetic_digits(32, seed=0)
+    features, _ = ModelOutputs(repository / TINY).features((images / 255.0).astype(np.float32).reshape(-1, 1, 28, 28))
+    ood = calibrate(features, 50.0, "32 synthetic digits", 0.5)
+    write_ood_calibration(repository / TINY, {**ood, "threshold": -1.0})  # scores are >= 0: nothing passes
+    assert json.loads((repository / TINY / "model.json").read_text())["ood"]["threshold"] == -1.0
+    return repository
+
+
 @pytest.mark.slow
 def test_every_schemathesis_check_passes_on_every_operation(model_repository: Path, tmp_path: Path) -> None:
-    with running_server(model_repository) as (base, _):
+    with running_server(rejecting_repository(model_repository, tmp_path)) as (base, _):
         done = subprocess.run(
             [*schemathesis_command(), "--config-file", str(CONFIG), "run", f"{base}/openapi.json",
              "--checks", "all", "--workers", "1", "--no-color"],
