@@ -44,7 +44,7 @@ from training.options import add_data_dir
 
 log = logging.getLogger(__name__)
 
-REPORT_JSON = Path("docs/report/ood.json")
+RUNS_DIR = Path("runs/ood")  # the report's default folder: outside the tracked docs
 DEFAULT_REFERENCE = 5000
 DEFAULT_PERCENTILE = 99.6
 FITTED_PERCENTILE = 99.3  # of validation digits: 99.0% of test digits or more, with two standard errors to spare
@@ -258,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--write-card", action="store_true", help="write the calibration into the card's `ood` (default: off)"
     )
-    p.add_argument("--json", type=Path, default=REPORT_JSON, help=f"report file to write (default: {REPORT_JSON})")
+    p.add_argument(
+        "--json", type=Path, default=None, help=f"report file to write (default: {RUNS_DIR}/<model name>.json)"
+    )
     p.add_argument("--dry-run", action="store_true", help="20 images per set and 500 reference images; write nothing")
     p.add_argument(
         "--write-edges",
@@ -306,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capsnet-ood: error: {e}", file=sys.stderr)
         return 2
     if not args.dry_run:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        path = args.json if args.json is not None else RUNS_DIR / f"{Path(args.model).name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
     print(text)
     return 0
 

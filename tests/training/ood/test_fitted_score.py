@@ -181,3 +181,16 @@ def test_cli_refuses_more_images_than_there_are(
     assert (
         "--combiner 4 + --validation 4 must be positive and leave some of the 8 test digits" in capsys.readouterr().err
     )
+
+
+@needs_fonts
+@pytest.mark.usefixtures("dejavu_for_held_out")
+def test_cli_without_json_writes_its_report_under_runs_never_into_the_docs(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
+    monkeypatch.chdir(tmp_path)
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "60", "--method", "darccc"]
+    assert ood.main([*args, "--percentile", "90", "--per-set", "3"]) == 0
+    assert (tmp_path / "runs" / "ood" / f"{tiny_model.name}.json").is_file()
+    assert not (tmp_path / "docs").exists()
