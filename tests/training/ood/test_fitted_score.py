@@ -103,21 +103,6 @@ def test_missing_held_out_fonts_name_the_packages(monkeypatch: pytest.MonkeyPatc
         make_set("noise", 1, seed=0, role="validation")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-
-    from model.capsnet import CapsNet
-    from model.config import CapsNetConfig
-    from training.export.exporter import export_module
-
-    torch.manual_seed(0)
-    cfg = CapsNetConfig.tiny()
-    out = tmp_path_factory.mktemp("zoo") / "tiny"
-    export_module(CapsNet(cfg).eval(), "dynamic", cfg.to_dict(), out, name="tiny", torchscript=False)
-    return out
-
-
 @needs_fonts
 @pytest.mark.usefixtures("dejavu_for_held_out")
 def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_previous_score(

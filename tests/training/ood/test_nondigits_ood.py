@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from service.api.inputs import prepare_image
@@ -93,19 +92,6 @@ def test_calibration_accepts_its_percentile_of_the_reference() -> None:
     accepted = calibration.score(features) <= calibration.threshold
     assert accepted.mean() == pytest.approx(0.95, abs=0.01)
     assert {f.name: f.tail for f in calibration.features} == {n: FEATURE_TAILS[n] for n in features}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from model.capsnet import CapsNet
-    from model.config import CapsNetConfig
-    from training.export.exporter import export_module
-
-    torch.manual_seed(0)
-    cfg = CapsNetConfig.tiny()
-    out = tmp_path_factory.mktemp("zoo") / "tiny"
-    export_module(CapsNet(cfg).eval(), "dynamic", cfg.to_dict(), out, name="tiny", torchscript=False)
-    return out
 
 
 @needs_fonts
