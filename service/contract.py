@@ -41,7 +41,16 @@ from service.runtime.model_dir import (
     verify_files,
     write_card,
 )
-from service.runtime.ood import FEATURE_TAILS, GAUSSIAN_FEATURES, ClassGaussian, OODCalibration, image_features
+from service.runtime.ood import (
+    FEATURE_TAILS,
+    GAUSSIAN_FEATURES,
+    VECTOR_INPUTS,
+    ClassGaussian,
+    OODCalibration,
+    PatternNetwork,
+    capsule_vector,
+    image_features,
+)
 
 __all__ = [
     "CARD_FILE",
@@ -51,6 +60,7 @@ __all__ = [
     "GAUSSIAN_FEATURES",
     "GRAPH_FILE",
     "OCCLUSION_TILE",
+    "VECTOR_INPUTS",
     "ClassGaussian",
     "ImageDecodeError",
     "ImageLimits",
@@ -58,9 +68,11 @@ __all__ = [
     "ModelDir",
     "ModelDirError",
     "OODCalibration",
+    "PatternNetwork",
     "ProviderUnavailable",
     "array_from_pixels",
     "array_to_png",
+    "capsule_vector",
     "cpu_busy_percent",
     "cpu_model",
     "create_session",

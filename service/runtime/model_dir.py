@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from service.runtime.ood import OODCalibration
+from service.runtime.ood import OODCalibration, capsule_vector
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +182,25 @@ class ModelCard(BaseModel):
             raise ValueError(f"ood calibration is malformed: {type(e).__name__} {e}") from e
         if calibration.needs_reconstruction and "reconstruction" not in {o.role for o in self.outputs}:
             raise ValueError("ood calibration uses reconstruction distances but no output has role 'reconstruction'")
+        if calibration.needs_poses and "poses" not in {o.role for o in self.outputs}:
+            raise ValueError("ood calibration uses the capsules' poses but no output has role 'poses'")
+        network = calibration.network
+        if network is not None:
+            shapes = {o.role: o.shape[1:] for o in self.outputs}
+            try:
+                k = int(np.prod(shapes["scores"]))
+                sample = capsule_vector(
+                    network.inputs, np.zeros((1, *self.input.shape[1:]), np.float32), np.zeros((1, k), np.float32),
+                    np.zeros((1, *shapes["poses"]), np.float32) if "poses" in shapes else None,
+                    np.zeros((1, *self.input.shape[1:]), np.float32) if "reconstruction" in shapes else None,
+                )  # fmt: skip
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"ood network: {e}") from e
+            if sample.shape[1] != network.width:
+                raise ValueError(
+                    f"ood network takes {network.width} numbers per image, "
+                    f"but this model's outputs give {sample.shape[1]}"
+                )
         return calibration
 
     @property
@@ -353,10 +372,21 @@ def load_model_dir(path: str | os.PathLike[str], name: str | None = None) -> Mod
     return ModelDir(root, card, raw)
 
 
+# a list of numbers as json.dumps(indent=...) writes it, one per line (never inside a string: those hold no newline)
+_NUMBER_LIST = re.compile(r"\[\n\s+(-?\d[\d.eE+-]*(?:,\n\s+-?\d[\d.eE+-]*)*)\n\s*\]")
+
+
+def card_text(card: dict[str, Any]) -> str:
+    """`card` as model.json holds it: JSON indented by two, each list of plain numbers on one line (a matrix one
+    row per line), so the "not a digit" quantiles, Gaussians and network stay readable and small."""
+    text = json.dumps(card, indent=2)
+    return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text) + "\n"
+
+
 def write_card(path: Path, card: dict[str, Any]) -> None:
     """Write `card` as the directory's model.json (validated first, so no invalid card is ever written)."""
     parse_card(card)
-    (path / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+    (path / CARD_FILE).write_text(card_text(card))
 
 
 # An absolute path inside text: a "/" that starts a word (not in a URL, "1/f" or "and/or"), then its components.

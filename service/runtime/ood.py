@@ -4,8 +4,11 @@ Each feature (below) is compared with its distribution on reference MNIST images
 quantiles, giving its surprise: -log of the share of reference digits at least as extreme. The card's
 `combiner` weighs the surprises into the score (a logistic regression fitted on digits against synthetic
 non-digits); a card without one scores the largest surprise (DARCCC, Frosst, Sabour & Hinton 2018).
-Images scoring above the card's threshold are out of distribution. `training.ood.calibrate` fits the card's
-`ood` object with these same functions; docs/model-card.md and docs/not-a-digit.md specify it.
+A card may also carry a `network`: small perceptrons over all the capsules' lengths and poses
+(`capsule_vector`), fitted on digits against synthetic non-digits (outlier exposure, Hendrycks et al. 2019),
+whose averaged output is one more feature, `pattern`. Images scoring above the card's threshold are out of
+distribution. `training.ood.calibrate` fits the card's `ood` object with these same functions;
+docs/model-card.md and docs/not-a-digit.md specify it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ FEATURE_TAILS: dict[str, Tail] = {  # each feature and the way it points away fr
     "pose_distance": "upper",
     "scores_distance": "upper",
     "routing_share": "lower",
+    "pattern": "upper",
 }
 GAUSSIAN_FEATURES = {"pose_distance": "poses", "scores_distance": "scores"}  # feature -> the output it measures
 UNUSUAL = 0.01  # a part whose value fewer than this share of reference digits reach is called unusual
@@ -42,7 +46,10 @@ PART_WORDS = {  # what a high surprise of each feature means, in a user's words 
     "pose_distance": "the pose is unlike any {label} in training",
     "scores_distance": "the other capsules' lengths are unlike those of a {label}",
     "routing_share": "the routing sends little of the image to the {label} capsule",
+    "pattern": "the capsules' lengths and poses together look like a non-digit's, not a {label}'s",
 }
+VECTOR_INPUTS = ("scores", "ranked_scores", "poses", "ink", "distance")  # what `capsule_vector` can hold
+RANKED = 3  # the largest scores, in order, that `ranked_scores` holds
 NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relative_distance
 
 
@@ -101,6 +108,111 @@ def image_features(
         winner = mass[np.arange(len(mass)), scores.argmax(axis=1)]
         features["routing_share"] = winner / np.maximum(mass.sum(axis=1), NORM_FLOOR)
     return features
+
+
+def capsule_vector(
+    inputs: tuple[str, ...],
+    images: np.ndarray,
+    scores: np.ndarray,
+    poses: np.ndarray | None,
+    reconstruction: np.ndarray | None,
+) -> np.ndarray:
+    """(N, D) float64 input of the `pattern` network, the `inputs` in order: scores (K), ranked_scores (the
+    RANKED largest), poses (every capsule's, flattened), ink (sum of x / 100), distance (||x - reconstruction||
+    and that over ||x||). A ValueError names an input whose output the model lacks."""
+    n = len(scores)
+    x = images.reshape(n, -1).astype(np.float64)
+    s = scores.astype(np.float64)
+    columns = []
+    for name in inputs:
+        if name == "scores":
+            columns.append(s)
+        elif name == "ranked_scores":
+            columns.append(-np.sort(-s, axis=1)[:, :RANKED])
+        elif name == "poses":
+            if poses is None:
+                raise ValueError("the pattern network needs the model's poses")
+            columns.append(poses.reshape(n, -1).astype(np.float64))
+        elif name == "ink":
+            columns.append(x.sum(axis=1, keepdims=True) / 100.0)
+        elif name == "distance":
+            if reconstruction is None:
+                raise ValueError("the pattern network needs the model's reconstruction")
+            d = np.sqrt(((x - reconstruction.reshape(n, -1).astype(np.float64)) ** 2).sum(axis=1))
+            columns.append(np.stack([d, d / np.maximum(np.sqrt((x * x).sum(axis=1)), NORM_FLOOR)], axis=1))
+        else:
+            raise ValueError(f"unknown network input {name!r}; choose from {', '.join(VECTOR_INPUTS)}")
+    return np.concatenate(columns, axis=1)
+
+
+@dataclass(frozen=True)
+class PatternNetwork:
+    """The card's `network`: standardise `capsule_vector` (mean, scale), then each member's dense layers with ReLU
+    between them; the members' outputs (one number per image each) are averaged into the `pattern` feature
+    (log-odds of a non-digit)."""
+
+    inputs: tuple[str, ...]
+    mean: np.ndarray  # (D,)
+    scale: np.ndarray  # (D,)
+    members: tuple[tuple[tuple[np.ndarray, np.ndarray], ...], ...]  # per member: (weight (out, in), bias (out,))
+
+    @classmethod
+    def from_card(cls, entry: Mapping[str, Any]) -> PatternNetwork:
+        inputs = tuple(str(n) for n in entry["inputs"])
+        unknown = [n for n in inputs if n not in VECTOR_INPUTS]
+        if not inputs or unknown:
+            raise ValueError(f"network inputs must be some of {', '.join(VECTOR_INPUTS)}; got {list(inputs)}")
+        mean = np.asarray(entry["mean"], dtype=np.float64)
+        scale = np.asarray(entry["scale"], dtype=np.float64)
+        if mean.ndim != 1 or scale.shape != mean.shape or not np.all(scale > 0):
+            raise ValueError("network mean and scale must be vectors of one length, every scale above 0")
+        if not np.all(np.isfinite(mean)):
+            raise ValueError("network weights must be finite numbers")
+        members = []
+        for m, member in enumerate(entry["members"]):
+            layers = []
+            width = len(mean)
+            for k, layer in enumerate(member["layers"]):
+                weight = np.asarray(layer["weight"], dtype=np.float64)
+                bias = np.asarray(layer["bias"], dtype=np.float64)
+                if weight.ndim != 2 or weight.shape[1] != width or bias.shape != (weight.shape[0],):
+                    raise ValueError(f"network member {m} layer {k}: weight must be (out, {width}) and bias (out,)")
+                if not (np.all(np.isfinite(weight)) and np.all(np.isfinite(bias))):
+                    raise ValueError("network weights must be finite numbers")
+                layers.append((weight, bias))
+                width = weight.shape[0]
+            if not layers or width != 1:
+                raise ValueError(f"network member {m}: the last layer must give one number")
+            members.append(tuple(layers))
+        if not members:
+            raise ValueError("the network needs at least one member")
+        return cls(inputs, mean, scale, tuple(members))
+
+    @property
+    def width(self) -> int:
+        return len(self.mean)
+
+    def __call__(self, vectors: np.ndarray) -> np.ndarray:
+        """(N,) outputs for (N, D) capsule vectors."""
+        if vectors.shape[1] != self.width:
+            raise ValueError(
+                f"the pattern network takes {self.width} numbers per image, the model gave {vectors.shape[1]}"
+            )
+        x = (vectors - self.mean) / self.scale
+        total = np.zeros(len(x))
+        for layers in self.members:
+            h = x
+            for k, (weight, bias) in enumerate(layers):
+                h = h @ weight.T + bias
+                if k < len(layers) - 1:
+                    h = np.maximum(h, 0.0)
+            total += h[:, 0]
+        return total / len(self.members)
+
+    def pattern(
+        self, images: np.ndarray, scores: np.ndarray, poses: np.ndarray | None, reconstruction: np.ndarray | None
+    ) -> np.ndarray:
+        return self(capsule_vector(self.inputs, images, scores, poses, reconstruction))
 
 
 @dataclass(frozen=True)
@@ -235,6 +347,7 @@ class OODCalibration:
     threshold: float
     gaussians: dict[str, ClassGaussian] = field(default_factory=dict)  # feature name -> its Gaussians
     combiner: Combiner | None = None
+    network: PatternNetwork | None = None
 
     @classmethod
     def from_card(cls, ood: Mapping[str, Any]) -> OODCalibration:
@@ -262,20 +375,25 @@ class OODCalibration:
         missing = sorted(n for n in names & set(GAUSSIAN_FEATURES) if n not in gaussians)
         if missing:
             raise ValueError(f"features {missing} need their gaussians")
+        network = PatternNetwork.from_card(ood["network"]) if ood.get("network") is not None else None
+        if ("pattern" in names) != (network is not None):
+            raise ValueError("the pattern feature and the network come together: give both or neither")
         combiner = Combiner.from_card(ood["combiner"]) if ood.get("combiner") is not None else None
         if combiner is not None and set(combiner.weights) != names:
             raise ValueError(
                 f"combiner weights {sorted(combiner.weights)} must be those of the features {sorted(names)}"
             )
-        return cls(tuple(features), float(ood["threshold"]), gaussians, combiner)
+        return cls(tuple(features), float(ood["threshold"]), gaussians, combiner, network)
 
     @property
     def needs_reconstruction(self) -> bool:
-        return any(f.name in ("distance", "relative_distance") for f in self.features)
+        uses = self.network is not None and "distance" in self.network.inputs
+        return uses or any(f.name in ("distance", "relative_distance") for f in self.features)
 
     @property
     def needs_poses(self) -> bool:
-        return any(g.output == "poses" for g in self.gaussians.values())
+        uses = self.network is not None and "poses" in self.network.inputs
+        return uses or any(g.output == "poses" for g in self.gaussians.values())
 
     @property
     def needs_explanation(self) -> bool:
@@ -293,6 +411,8 @@ class OODCalibration:
         features = image_features(images, scores, reconstruction, explanation if self.needs_explanation else None)
         for name, gaussian in self.gaussians.items():
             features[name] = gaussian.distance(scores, poses)
+        if self.network is not None:
+            features["pattern"] = self.network.pattern(images, scores, poses, reconstruction)
         return features
 
     def surprises(self, features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -373,6 +493,8 @@ class OODCalibration:
             vector = source.reshape(len(row), -1)[winner] if gaussian.output == "poses" else source.reshape(-1)
             white = gaussian.whitening @ (vector.astype(np.float64) - gaussian.means[winner])
             features[name] = math.sqrt(float(white @ white))
+        if self.network is not None:
+            features["pattern"] = float(self.network.pattern(images, scores, poses, reconstruction)[0])
         if not all(math.isfinite(v) for v in (*ranked, *features.values())):
             return None
         if self.combiner is None:

@@ -62,10 +62,14 @@ def main(argv: list[str] | None = None) -> None:
 
     from training.benchmarks.machine import machine_description
 
-    result: dict[str, Any] = {"machine": machine_description(torch.device("cpu")), "steps": args.steps, "batch_size": args.batch_size,
-                              "amp": args.amp, "architectures": {}}  # fmt: skip
+    result: dict[str, Any] = {
+        "machine": machine_description(torch.device("cpu")), "steps": args.steps, "batch_size": args.batch_size,
+        "amp": args.amp, "architectures": {},
+    }  # fmt: skip
     for arch in args.arch:
-        rates = {name: run_layout(arch, p, t, args.steps, args.batch_size, args.amp) for name, (p, t) in LAYOUTS.items()}
+        rates = {
+            name: run_layout(arch, p, t, args.steps, args.batch_size, args.amp) for name, (p, t) in LAYOUTS.items()
+        }
         total = {name: round(sum(r), 2) for name, r in rates.items()}
         result["architectures"][arch] = {
             "images_per_second": total,

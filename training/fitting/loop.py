@@ -233,8 +233,11 @@ def ema_with_warmup(decay: float) -> Callable[[Tensors, Tensors, torch.Tensor | 
     return update
 
 
-def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    """The optimizer every training and every timed training step uses: Adam at `lr`."""
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """The optimizer every training and every timed training step uses: Adam at `lr` (AdamW's decoupled
+    `weight_decay` when one is given, as the "not a digit" network uses)."""
+    if weight_decay:
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     return torch.optim.Adam(model.parameters(), lr=lr)
 
 

@@ -3,7 +3,7 @@
 The default, fitted score is `training.ood.fitted`'s; `--method darccc` calibrates the previous score (the
 largest surprise of five features, quantiles of the last `--reference` training images, the threshold at a
 percentile of their scores) and evaluates it on the fitting non-digit sets. `--write-edges` cuts the test
-pairs (`training.ood.fitted.edge_pair`).
+pairs (`training.ood.edges.edge_pair`).
 """
 
 from __future__ import annotations
@@ -28,15 +28,13 @@ from service.contract import (
     read_card,
 )
 from training.data.mnist import load_split, to_float
+from training.ood.edges import write_edges
 from training.ood.fitted import (
     ModelOutputs,
-    _share,
     auroc,
     fit_and_evaluate,
-    fitted_markdown,
     quantile_levels,
     training_split,
-    write_edges,
     write_ood_calibration,
 )  # fmt: skip
 from training.ood.nondigits import NONDIGIT_SETS, make_set
@@ -51,6 +49,52 @@ FITTED_PERCENTILE = 99.3  # of validation digits: 99.0% of test digits or more, 
 DEFAULT_COMBINER = 4000
 DEFAULT_VALIDATION = 3000
 DEFAULT_PER_SET = 1000
+DEFAULT_NETWORK_DIGITS = 20000
+DEFAULT_NETWORK_PER_SET = 3000
+DEFAULT_NETWORK_TURNED = 8000
+
+
+def _share(value: float | None) -> str:
+    return "— (none accepted)" if value is None else f"{value:.2%}"
+
+
+def validation_markdown(report: dict[str, Any]) -> str:
+    """The validation figures of every candidate: digits accepted and each validation set's rejected share."""
+    candidates = report["validation"]["candidates"]
+    names = list(next(iter(candidates.values()))["sets"])
+    lines = [
+        f"Model `{report['model']}`: validation only, chosen {report['chosen']!r} (the test sets were not scored).",
+        "",
+        "| candidate | digits accepted | " + " | ".join(names) + " |",
+        "|---|---:|" + "---:|" * len(names),
+    ]
+    for label, row in candidates.items():
+        shares = " | ".join(f"{row['sets'][n]['rejected']:.1%} ({row['sets'][n]['auroc']:.3f})" for n in names)
+        lines.append(f"| {label} | {row['digits']['accepted']:.2%} | {shares} |")
+    return "\n".join(lines)
+
+
+def fitted_markdown(report: dict[str, Any]) -> str:
+    """The report page's table of one model: each test set's AUROC and rejected share, the previous score's beside."""
+    test, old = report["mnist_test"], report.get("previous")
+    lines = [
+        f"Model `{report['model']}` (version {report['version']}): features {', '.join(report['features'])} "
+        f"(chosen on validation: {report['chosen']}); threshold {report['threshold']:.3f} "
+        f"({report['threshold_rule']}).",
+        "",
+        f"MNIST test digits accepted: {test['accepted']:.2%} of {test['n']:,}, accuracy on the accepted "
+        f"{_share(test['accuracy_accepted'])} (on all: {test['accuracy_all']:.2%})"
+        + (f"; previous score: {old['mnist_test']['accepted']:.2%}, {_share(old['mnist_test']['accuracy_accepted'])}."
+           if old else "."),
+        "",
+        "| test set | images | AUROC | rejected | previous AUROC | previous rejected |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    for name, row in report["sets"].items():
+        prev = old["sets"][name] if old else None
+        tail = f"{prev['auroc']:.3f} | {prev['rejected']:.1%}" if prev else "— | —"
+        lines.append(f"| {name} | {row['n']:,} | {row['auroc']:.3f} | {row['rejected']:.1%} | {tail} |")
+    return "\n".join(lines)
 
 
 def calibrate(features: dict[str, np.ndarray], percentile: float, description: str, target: float) -> dict[str, Any]:
@@ -247,7 +291,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--per-set", type=int, default=DEFAULT_PER_SET, help=f"images per non-digit set (default: {DEFAULT_PER_SET})"
     )
+    p.add_argument(
+        "--network-digits", type=int, default=DEFAULT_NETWORK_DIGITS,
+        help=f"training digits (not the reference) the pattern network learns from (default: {DEFAULT_NETWORK_DIGITS})",
+    )  # fmt: skip
+    p.add_argument(
+        "--network-per-set", type=int, default=DEFAULT_NETWORK_PER_SET,
+        help=f"images of each fitting non-digit set the network learns from (default: {DEFAULT_NETWORK_PER_SET})",
+    )  # fmt: skip
+    p.add_argument(
+        "--network-turned", type=int, default=DEFAULT_NETWORK_TURNED,
+        help="training digits turned by 90, 180 or 270 degrees among the network's non-digits "
+        f"(default: {DEFAULT_NETWORK_TURNED})",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the non-digit sets (default: 0)")
+    p.add_argument(
+        "--test-seed", type=int, default=None,
+        help="seed of the non-digit test sets alone: new test images, the fitted score unchanged (default: --seed)",
+    )  # fmt: skip
     p.add_argument("--cache", type=Path, default=None, help="keep the model's outputs per image set in this directory")
     p.add_argument(
         "--previous",
@@ -262,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", type=Path, default=None, help=f"report file to write (default: {RUNS_DIR}/<model name>.json)"
     )
     p.add_argument("--dry-run", action="store_true", help="20 images per set and 500 reference images; write nothing")
+    p.add_argument(
+        "--validation-only", action="store_true",
+        help="fit and choose, print every candidate's validation figures, and stop before the test sets; write nothing",
+    )  # fmt: skip
     p.add_argument(
         "--write-edges",
         type=Path,
@@ -301,13 +366,17 @@ def main(argv: list[str] | None = None) -> int:
                 validation=100 if args.dry_run else args.validation,
                 percentile=FITTED_PERCENTILE if args.percentile is None else args.percentile,
                 per_set=20 if args.dry_run else args.per_set, seed=args.seed, previous=previous,
-                cache=args.cache, write_card=args.write_card and not args.dry_run,
+                cache=args.cache, write_card=args.write_card and not (args.dry_run or args.validation_only),
+                network_digits=200 if args.dry_run else args.network_digits,
+                network_per_set=20 if args.dry_run else args.network_per_set,
+                network_turned=60 if args.dry_run else args.network_turned, test_seed=args.test_seed,
+                validation_only=args.validation_only,
             )  # fmt: skip
-            text = fitted_markdown(report)
+            text = validation_markdown(report) if args.validation_only else fitted_markdown(report)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"capsnet-ood: error: {e}", file=sys.stderr)
         return 2
-    if not args.dry_run:
+    if not (args.dry_run or args.validation_only):
         path = args.json if args.json is not None else RUNS_DIR / f"{Path(args.model).name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")

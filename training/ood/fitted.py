@@ -1,16 +1,16 @@
-"""The fitted "not a digit" score (docs/not-a-digit.md): Gaussians, combiner, feature choice, edge pairs.
+"""The fitted "not a digit" score (docs/not-a-digit.md): network, Gaussians, combiner, feature choice.
 
-`fit_and_evaluate` fits each candidate feature set (quantiles and class Gaussians on the reference training
-images, the logistic combiner on MNIST test digits against the fitting non-digits), chooses on the
+`fit_and_evaluate` fits the `pattern` network (`training.ood.network`) on training digits against the fitting
+non-digits and turned training digits, then each candidate feature set (quantiles and class Gaussians on the
+reference training images, the logistic combiner on MNIST test digits against the same non-digits), chooses on the
 validation digits and non-digits, and reports the choice once on the test sets beside the previous score.
-`edge_pair` cuts two images just either side of a card's threshold for the tests. Also the helpers both
+`training.ood.edges` cuts two images just either side of a card's threshold for the tests. Also the helpers both
 scores use: the model's outputs (`ModelOutputs`, cached), quantile levels, AUROC and the card writer.
 `training.ood.calibrate` is the CLI.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -24,17 +24,19 @@ from service.contract import (
     FEATURE_TAILS,
     GAUSSIAN_FEATURES,
     GRAPH_FILE,
+    VECTOR_INPUTS,
     ClassGaussian,
     OODCalibration,
-    array_from_pixels,
+    PatternNetwork,
+    capsule_vector,
     create_session,
     image_features,
     load_model_dir,
-    preprocess,
     read_card,
     write_card,
 )
 from training.data.mnist import load_split, to_float
+from training.ood.network import fit_network
 from training.ood.nondigits import ROLES, make_set, rotated_digits
 
 log = logging.getLogger(__name__)
@@ -103,10 +105,6 @@ def auroc(positive: np.ndarray, negative: np.ndarray) -> float:
     return float((below + 0.5 * (not_above - below)).sum() / (len(positive) * len(negative)))
 
 
-def _share(value: float | None) -> str:
-    return "— (none accepted)" if value is None else f"{value:.2%}"
-
-
 def write_ood_calibration(model_dir: Path, ood: dict[str, Any]) -> None:
     """Add the `ood` object to model.json, validated (not hashed: the files the card lists are unchanged)."""
     write_card(model_dir, {**read_card(model_dir), "ood": ood})
@@ -133,13 +131,30 @@ def gaussian_entry(vectors: np.ndarray, labels: np.ndarray, k: int, output: str)
     return {"output": output, "means": means.tolist(), "whitening": whitening.tolist()}
 
 
-def measure(outputs: dict[str, np.ndarray], images: np.ndarray, gaussians: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Every feature (N,) the model's outputs give, with the Gaussians' distances (card entries by feature)."""
+def measure(
+    outputs: dict[str, np.ndarray], images: np.ndarray, gaussians: dict[str, Any], network: dict[str, Any] | None = None
+) -> dict[str, np.ndarray]:
+    """Every feature (N,) the model's outputs give, with the Gaussians' distances (card entries by feature) and
+    the pattern network's output (its card entry)."""
     features = image_features(images, outputs["scores"], outputs.get("reconstruction"), outputs.get("explanation"))
     for name, entry in gaussians.items():
         gaussian = ClassGaussian.from_card(entry, len(entry["means"]))
         features[name] = gaussian.distance(outputs["scores"], outputs.get("poses"))
+    if network is not None:
+        features["pattern"] = PatternNetwork.from_card(network).pattern(
+            images, outputs["scores"], outputs.get("poses"), outputs.get("reconstruction")
+        )
     return features
+
+
+def network_inputs(outputs: dict[str, np.ndarray]) -> tuple[str, ...]:
+    """What the pattern network reads of a model with these outputs: all of `VECTOR_INPUTS` it gives."""
+    needs = {"poses": "poses", "distance": "reconstruction"}
+    return tuple(n for n in VECTOR_INPUTS if needs.get(n, "scores") in outputs)
+
+
+def vectors(outputs: dict[str, np.ndarray], images: np.ndarray, inputs: tuple[str, ...]) -> np.ndarray:
+    return capsule_vector(inputs, images, outputs["scores"], outputs.get("poses"), outputs.get("reconstruction"))
 
 
 def fit_logistic(
@@ -174,9 +189,11 @@ def fit_detector(
     combiner_digits: tuple[dict[str, np.ndarray], np.ndarray],
     outliers: list[tuple[dict[str, np.ndarray], np.ndarray]],
     names: tuple[str, ...],
+    network: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The card's `ood` object without its threshold: quantiles and Gaussians from the reference (outputs,
-    images, labels, description), the combiner from other digits (outputs, images) against the outliers."""
+    images, labels, description), the combiner from other digits (outputs, images) against the outliers; the
+    fitted pattern `network` goes in when `names` holds `pattern`."""
     ref_outputs, ref_images, labels, description = reference
     k = ref_outputs["scores"].shape[1]
     gaussians = {
@@ -184,7 +201,10 @@ def fit_detector(
             ref_outputs["poses"].reshape(len(labels), k, -1)[np.arange(len(labels)), labels], labels, k, output)
         for name, output in GAUSSIAN_FEATURES.items() if name in names and output in ref_outputs
     }  # fmt: skip
-    features = {n: v for n, v in measure(ref_outputs, ref_images, gaussians).items() if n in names}
+    network = network if "pattern" in names else None
+    if "pattern" in names and network is None:
+        raise ValueError("the pattern feature needs a fitted network")
+    features = {n: v for n, v in measure(ref_outputs, ref_images, gaussians, network).items() if n in names}
     levels = quantile_levels(len(labels))
     ood: dict[str, Any] = {
         "method": "logistic regression on the surprise of each feature: -log of the share of reference digits at "
@@ -200,11 +220,18 @@ def fit_detector(
         "gaussians": gaussians,
         "threshold": 0.0,
     }  # fmt: skip
+    if network is not None:
+        ood["network"] = network
+        ood["method"] += (
+            "; pattern is the output of a two-layer perceptron over every capsule's length and pose (and the "
+            "reconstruction distance), fitted on digits against synthetic non-digits (outlier exposure, Hendrycks "
+            "et al. 2019)"
+        )
     plain = OODCalibration.from_card(ood)
     order = [f.name for f in plain.features]
 
     def surprises(outputs: dict[str, np.ndarray], images: np.ndarray) -> np.ndarray:
-        got = plain.surprises(measure(outputs, images, gaussians))
+        got = plain.surprises(measure(outputs, images, gaussians, network))
         return np.stack([got[n] for n in order], axis=1)
 
     bias, weights = fit_logistic(surprises(*combiner_digits), np.concatenate([surprises(o, i) for o, i in outliers]))
@@ -249,11 +276,24 @@ def evaluate_sets(
 
 
 CANDIDATES = {  # feature sets the validation sets choose between (those the model's outputs give)
+    "pattern": ("pattern",),
+    "all and pattern": (*DYNAMIC_FEATURES, "pattern"),
     "all": DYNAMIC_FEATURES,
     "without routing": tuple(n for n in DYNAMIC_FEATURES if n != "routing_share"),
     "DARCCC features and pose": ("distance", "relative_distance", "winning_score", "margin", "ink", "pose_distance"),
     "DARCCC features": ("distance", "relative_distance", "winning_score", "margin", "ink"),
 }
+
+
+CHOICE_MARGIN = 0.01  # worst-set shares this close to the best (about one standard error at 1,000 images) tie
+
+
+def choose(candidates: dict[str, Any]) -> str:
+    """The candidate whose worst validation set is rejected most; among those within CHOICE_MARGIN of it, the one
+    with the most features (more parts explain a flag), then the best mean share."""
+    best = max(c["worst_rejected"] for c in candidates.values())
+    close = [label for label, c in candidates.items() if c["worst_rejected"] >= best - CHOICE_MARGIN]
+    return max(close, key=lambda k: (len(candidates[k]["features"]), candidates[k]["mean_rejected"]))
 
 
 def held_out(n: int, val_split: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -264,7 +304,7 @@ def held_out(n: int, val_split: int, seed: int) -> tuple[np.ndarray, np.ndarray]
 
 def available(names: tuple[str, ...], outputs: dict[str, np.ndarray]) -> tuple[str, ...]:
     needs = {"distance": "reconstruction", "relative_distance": "reconstruction", "routing_share": "explanation",
-             "pose_distance": "poses"}  # fmt: skip
+             "pose_distance": "poses", "pattern": "poses"}  # fmt: skip
     return tuple(n for n in names if needs.get(n, "scores") in outputs)
 
 
@@ -281,12 +321,21 @@ def fit_and_evaluate(
     per_set: int,
     seed: int,
     previous: dict[str, Any] | None,
+    network_digits: int = 20000,
+    network_per_set: int = 3000,
+    network_turned: int = 8000,
+    test_seed: int | None = None,
+    validation_only: bool = False,
     cache: Path | None = None,
     write_card: bool = False,
     progress: Callable[[str], None] = log.info,
 ) -> dict[str, Any]:
-    """Fit each candidate, choose on the validation sets, report the chosen one (and `previous`, a card's `ood`
-    object, beside it) on the test sets; optionally write it into the card."""
+    """Fit the pattern network and each candidate, choose on the validation sets, report the chosen one (and
+    `previous`, a card's `ood` object, beside it) on the test sets; optionally write it into the card. The network
+    learns from `network_digits` training images (not the reference) against `network_per_set` images of each
+    fitting set and `network_turned` training digits turned by 90, 180 or 270 degrees. `test_seed` (default: `seed`)
+    draws the non-digit test sets afresh without changing anything fitted; `validation_only` stops before the test
+    sets and returns only the chosen candidate and the validation figures (nothing written)."""
     model = ModelOutputs(model_dir, cache)
     shape = tuple(model.card["input"]["shape"][1:])
     train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
@@ -302,6 +351,13 @@ def fit_and_evaluate(
     comb_idx, val_idx = np.sort(order[:combiner]), np.sort(order[combiner : combiner + validation])
     test_idx = np.sort(order[combiner + validation :])
     ref_idx = trained[len(trained) - reference :]
+    rest = trained[: len(trained) - reference]
+    if network_digits < 1 or network_per_set < 1 or network_turned < 3 or len(rest) == 0:
+        raise ValueError(
+            f"the pattern network needs training digits besides the {reference} reference images (there are "
+            f"{len(rest)}), --network-digits and --network-per-set of 1 or more and --network-turned of 3 or more"
+        )
+    net_idx = np.sort(np.random.default_rng([seed, 1]).choice(rest, min(network_digits, len(rest)), replace=False))
 
     def digits(split: Any, idx: np.ndarray, key: str) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         images = to_float(split.images[idx])
@@ -312,11 +368,11 @@ def fit_and_evaluate(
     def test_part(idx: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         return {k: v[idx] for k, v in all_test[0].items()}, all_test[1][idx], all_test[2][idx]
 
-    def nondigits(role: str, n: int) -> dict[str, tuple[dict[str, np.ndarray], np.ndarray]]:
+    def nondigits(role: str, n: int, set_seed: int = seed) -> dict[str, tuple[dict[str, np.ndarray], np.ndarray]]:
         out = {}
         for name in ROLES[role][0]:
-            images = make_set(name, n, seed, shape, role)
-            out[name] = (model.run(images, f"{role}-{name}-{n}-{seed}"), images)
+            images = make_set(name, n, set_seed, shape, role)
+            out[name] = (model.run(images, f"{role}-{name}-{n}-{set_seed}"), images)
         return out
 
     def turned(split: Any, idx: np.ndarray, key: str) -> dict[str, tuple[dict[str, np.ndarray], np.ndarray]]:
@@ -330,34 +386,55 @@ def fit_and_evaluate(
     ref = digits(train, ref_idx, f"train-ref-{reference}-{val_split}-{train_seed}")
     ref_description = f"{reference} MNIST training images the model trained on"
     comb = test_part(comb_idx)
-    fit_sets = nondigits("fit", per_set)
+    fit_sets = nondigits("fit", max(per_set, network_per_set))
+    progress(f"model outputs: {len(net_idx)} training digits and {network_turned} turned ones for the network")
+    net_digits = digits(train, net_idx, f"train-net-{len(net_idx)}-{val_split}-{train_seed}-{seed}")
+    turn_idx = net_idx[:network_turned]
+    turned_images = np.concatenate([
+        to_float(rotated_digits(train.images[turn_idx[k::3]], train.labels[turn_idx[k::3]], turns))
+        for k, turns in enumerate((1, 2, 3))
+    ])  # fmt: skip
+    fit_sets["turned_training_digits"] = (
+        model.run(turned_images, f"train-turned-{network_turned}-{val_split}-{train_seed}-{seed}"),
+        turned_images,
+    )
+    inputs = network_inputs(ref[0])
+    progress(f"fitting the pattern network on {', '.join(inputs)}")
+    network = fit_network(
+        inputs,
+        np.concatenate([vectors(net_digits[0], net_digits[1], inputs), vectors(comb[0], comb[1], inputs)]),
+        np.concatenate([vectors(o, i, inputs) for o, i in fit_sets.values()]),
+        seed=seed,
+    )
     progress(f"model outputs: the validation non-digits and {validation} validation test digits, turned")
     val = test_part(val_idx)
     val_sets = {**nondigits("validation", per_set), **turned(test, val_idx, f"test-{validation}-validation")}
     val_description = f"{validation} MNIST test digits drawn at random (seed {seed}) as the validation"
 
-    chosen: tuple[str, dict[str, Any], tuple[float, float]] | None = None
+    fitted: dict[str, dict[str, Any]] = {}
     candidates: dict[str, Any] = {}
     for label, names in CANDIDATES.items():
         names = available(names, ref[0])
-        ood = fit_detector((*ref, ref_description), (comb[0], comb[1]), list(fit_sets.values()), names)
+        ood = fit_detector((*ref, ref_description), (comb[0], comb[1]), list(fit_sets.values()), names, network)
         ood["threshold"] = float(np.percentile(scores_of(OODCalibration.from_card(ood), val[0], val[1]), percentile))
         result = evaluate_sets(OODCalibration.from_card(ood), val, val_sets)
         shares = [r["rejected"] for r in result["sets"].values()]
-        rank = (round(min(shares), 3), round(float(np.mean(shares)), 4))  # the worst set first, then the mean
-        candidates[label] = {"features": list(names), "worst_rejected": rank[0], "mean_rejected": rank[1], **result}
-        progress(f"candidate {label!r}: validation non-digits rejected {rank[0]:.1%} (worst set), {rank[1]:.1%} (mean)")
-        if chosen is None or rank > chosen[2]:
-            chosen = (label, ood, rank)
-    assert chosen is not None
-    label, ood, _ = chosen
+        worst, mean = round(min(shares), 3), round(float(np.mean(shares)), 4)
+        candidates[label] = {"features": list(names), "worst_rejected": worst, "mean_rejected": mean, **result}
+        fitted[label] = ood
+        progress(f"candidate {label!r}: validation non-digits rejected {worst:.1%} (worst set), {mean:.1%} (mean)")
+    label = choose(candidates)
+    ood = fitted[label]
     ood["threshold_rule"] = f"the {percentile:g}th percentile of the scores of {val_description}"
     ood["target_acceptance"] = 0.99
     calibration = OODCalibration.from_card(ood)
 
+    if validation_only:
+        return {"model": model.card["name"], "chosen": label, "validation": {"candidates": candidates}}
     progress(f"chose {label!r}; scoring the test sets once")
     test_digits = test_part(test_idx)
-    test_sets = {**nondigits("test", per_set), **turned(test, test_idx, f"test-{validation}-test")}
+    test_seed = seed if test_seed is None else test_seed
+    test_sets = {**nondigits("test", per_set, test_seed), **turned(test, test_idx, f"test-{validation}-test")}
     result = evaluate_sets(calibration, test_digits, test_sets)
     ood["evaluation"] = {"mnist_test_accepted": result["digits"]["accepted"]}
     report: dict[str, Any] = {
@@ -373,7 +450,14 @@ def fit_and_evaluate(
         "mnist_test_digits": f"{len(test_idx)} MNIST test digits: those not drawn (seed {seed}) for the combiner "
         f"({combiner}) or the validation ({validation})",
         "seed": seed,
+        "test_seed": test_seed,
         "per_set": per_set,
+        "fitting": {
+            "network": network["fitted"],
+            "network_digits": f"{len(net_idx)} MNIST training images the model trained on (not the reference), "
+            f"and the combiner's {combiner} test digits",
+            "non_digits": {name: len(images) for name, (_, images) in fit_sets.items()},
+        },
         "validation": {"candidates": candidates},
         "mnist_test": result["digits"],
         "sets": result["sets"],
@@ -387,106 +471,6 @@ def fit_and_evaluate(
     if write_card:
         write_ood_calibration(model_dir, ood)
     return report
-
-
-def fitted_markdown(report: dict[str, Any]) -> str:
-    """The report page's table of one model: each test set's AUROC and rejected share, the previous score's beside."""
-    test, old = report["mnist_test"], report.get("previous")
-    lines = [
-        f"Model `{report['model']}` (version {report['version']}): features {', '.join(report['features'])} "
-        f"(chosen on validation: {report['chosen']}); threshold {report['threshold']:.3f} "
-        f"({report['threshold_rule']}).",
-        "",
-        f"MNIST test digits accepted: {test['accepted']:.2%} of {test['n']:,}, accuracy on the accepted "
-        f"{_share(test['accuracy_accepted'])} (on all: {test['accuracy_all']:.2%})"
-        + (f"; previous score: {old['mnist_test']['accepted']:.2%}, {_share(old['mnist_test']['accuracy_accepted'])}."
-           if old else "."),
-        "",
-        "| test set | images | AUROC | rejected | previous AUROC | previous rejected |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]  # fmt: skip
-    for name, row in report["sets"].items():
-        prev = old["sets"][name] if old else None
-        tail = f"{prev['auroc']:.3f} | {prev['rejected']:.1%}" if prev else "— | —"
-        lines.append(f"| {name} | {row['n']:,} | {row['auroc']:.3f} | {row['rejected']:.1%} | {tail} |")
-    return "\n".join(lines)
-
-
-EDGE_DIGITS = "4712309568"  # typeset digits tried, in turn, as the in-distribution end of an edge pair
-EDGE_OTHERS = "HAKXTPE"  # and letters as the other end
-EDGE_STEPS = 40
-EDGE_NEAR = 0.02  # a pair whose scores both lie this close to the threshold (relatively) ends the search
-
-
-def typeset(char: str) -> np.ndarray:
-    """A DejaVu Sans character as the service prepares an upload of it: uint8 (28, 28), white on black."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    from training.ood.nondigits import CANVAS, font_paths
-
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    font = ImageFont.truetype(str(font_paths()[0]), 80)
-    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
-    return np.round(preprocess(canvas, (28, 28)).array.reshape(28, 28) * 255).astype(np.uint8)
-
-
-def edge_pair(model_dir: Path) -> dict[str, Any]:
-    """Two images on either side of the card's threshold, as close to it as uint8 pixels allow: a typeset digit
-    blended into a letter (bisection on the blend), the first pair within EDGE_NEAR of it or else the closest.
-    For tests that pin the served flag."""
-    model = ModelOutputs(model_dir)
-    calibration = OODCalibration.from_card(model.card["ood"])
-
-    def blend(digit: np.ndarray, other: np.ndarray, t: float) -> np.ndarray:
-        return np.round((1 - t) * digit.astype(np.float64) + t * other).astype(np.uint8)
-
-    def score(pixels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
-        images = array_from_pixels(pixels.tolist(), (28, 28)).astype(np.float32).reshape(1, 1, 28, 28)  # as served
-        out = model.run(images)
-        args = (out["scores"], out.get("reconstruction"), out.get("poses"), out.get("explanation"))
-        features = calibration.measure(images, *args)
-        return float(calibration.score(features)[0]), features
-
-    best: tuple[float, dict[str, Any]] | None = None
-    for d in EDGE_DIGITS:
-        digit = typeset(d)
-        if score(digit)[0] > calibration.threshold:
-            continue
-        for o in EDGE_OTHERS:
-            other = typeset(o)
-            if score(other)[0] <= calibration.threshold:
-                continue
-            low, high = 0.0, 1.0
-            for _ in range(EDGE_STEPS):
-                middle = (low + high) / 2
-                low, high = (middle, high) if score(blend(digit, other, middle))[0] <= calibration.threshold else (
-                    low, middle)  # fmt: skip
-            pair: dict[str, Any] = {"digit": d, "letter": o, "threshold": calibration.threshold}
-            for side, pixels in (("below", blend(digit, other, low)), ("above", blend(digit, other, high))):
-                value, features = score(pixels)
-                parts = calibration.parts(features)[0]
-                pair[side] = {
-                    "pixels": pixels.tolist(), "ood_score": value,
-                    "parts": {part.name: part.contribution for part in parts},
-                }  # fmt: skip
-            gap = max(abs(pair[side]["ood_score"] - calibration.threshold) for side in ("below", "above"))
-            if best is None or gap < best[0]:
-                best = (gap, pair)
-            if gap < EDGE_NEAR * abs(calibration.threshold):
-                return pair
-    if best is not None:
-        return best[1]
-    raise ValueError(f"no typeset digit of {EDGE_DIGITS} is accepted and letter of {EDGE_OTHERS} rejected")
-
-
-def write_edges(model_dir: Path, file: Path) -> dict[str, Any]:
-    """Add (or replace) the model's edge pair in a JSON file of edge pairs by model name."""
-    pairs = json.loads(file.read_text()) if file.is_file() else {}
-    name = read_card(model_dir)["name"]
-    pairs[name] = edge_pair(model_dir)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(dict(sorted(pairs.items()))) + "\n")
-    return pairs[name]
 
 
 def training_split(card: dict[str, Any]) -> tuple[int, int]:

@@ -15,15 +15,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from service.contract import preprocess
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
 FONT_FILES = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSans-Bold.ttf")
 FONT_PACKAGE = "fonts-dejavu-core"
+VARIED_FONT_FILES = (  # and fonts-dejavu-extra: the other faces of the same family, for fitting only
+    *FONT_FILES,
+    "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf", "DejaVuSans-ExtraLight.ttf", "DejaVuSansCondensed.ttf",
+    "DejaVuSansCondensed-Bold.ttf", "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf", "DejaVuSerif-Italic.ttf",
+    "DejaVuSerif-Bold.ttf", "DejaVuSerifCondensed.ttf", "DejaVuSerifCondensed-BoldItalic.ttf",
+)  # fmt: skip
+VARIED_FONT_PACKAGE = "fonts-dejavu-extra"
 LETTERS = "ACDEFHJKLMNPQRTUVWXYacdefhijkmnprtuvwxy"  # no glyph twins of digits
 SYMBOLS = "+−×÷=%#@&*?<>~^"  # no bars, slashes or brackets: after cropping they are ones
+OTHER_SCRIPTS_FIT = "ξζηικνρστυϑБГИЙКУЦЧЭбгийкучэ"  # Greek and Cyrillic letters the test sets do not hold
 OTHER_SCRIPTS = "αβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпцשאמצם"  # Greek, Cyrillic, Hebrew; no digit twins
 FONT_ROOT = Path("/usr/share/fonts")
 VALIDATION_FONTS = (  # fonts-liberation
@@ -117,6 +125,56 @@ def _letter(rng: np.random.Generator) -> np.ndarray:
     return np.asarray(canvas) / 255.0
 
 
+def _varied(rng: np.random.Generator, chars: str) -> np.ndarray:
+    """A character in any of the DejaVu faces, then sheared by up to 0.3, turned by up to 15 degrees and
+    thickened or thinned: the fitting letters vary as handwriting and other typefaces do."""
+    paths = [FONT_DIR / name for name in VARIED_FONT_FILES]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise FontMissing(f"varied letters need {FONT_PACKAGE} and {VARIED_FONT_PACKAGE}; missing {missing[0]}")
+    char = chars[rng.integers(len(chars))]
+    font = ImageFont.truetype(str(paths[rng.integers(len(paths))]), int(rng.integers(60, 90)))
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
+    shear = float(rng.uniform(-0.3, 0.3))
+    canvas = canvas.transform(canvas.size, Image.Transform.AFFINE, (1, shear, -shear * CANVAS / 2, 0, 1, 0),
+                              resample=Image.Resampling.BILINEAR)  # fmt: skip
+    canvas = canvas.rotate(float(rng.uniform(-15, 15)), resample=Image.Resampling.BILINEAR)
+    size = int(rng.choice([0, 0, 3, 5, -3]))
+    if size > 0:
+        canvas = canvas.filter(ImageFilter.MaxFilter(size))
+    elif size < 0:
+        canvas = canvas.filter(ImageFilter.MinFilter(-size))
+    return np.asarray(canvas) / 255.0
+
+
+def _varied_letter(rng: np.random.Generator) -> np.ndarray:
+    return _varied(rng, LETTERS)
+
+
+def elastic(picture: np.ndarray, rng: np.random.Generator, shift: float = 9.0, knots: int = 5) -> np.ndarray:
+    """`picture` (H, W) bent by a smooth random displacement (up to about `shift` pixels), as handwriting bends
+    type: a `knots` x `knots` grid of random shifts, upsampled bilinearly, each pixel read from where it points."""
+    h, w = picture.shape
+    field = []
+    for _ in range(2):
+        coarse = Image.fromarray(rng.uniform(-shift, shift, (knots, knots)).astype(np.float32), mode="F")
+        field.append(np.asarray(coarse.resize((w, h), Image.Resampling.BILINEAR)))
+    rows, columns = np.mgrid[0:h, 0:w]
+    r = np.clip(np.rint(rows + field[0]), 0, h - 1).astype(int)
+    c = np.clip(np.rint(columns + field[1]), 0, w - 1).astype(int)
+    return picture[r, c]
+
+
+def _handwritten_letter(rng: np.random.Generator) -> np.ndarray:
+    """A varied letter bent elastically: letters as a hand might draw them."""
+    return elastic(_varied(rng, LETTERS), rng)
+
+
+def _varied_symbol(rng: np.random.Generator) -> np.ndarray:
+    return _varied(rng, SYMBOLS + OTHER_SCRIPTS_FIT)
+
+
 def _symbol(rng: np.random.Generator) -> np.ndarray:
     return _glyph(rng, SYMBOLS, font_paths())
 
@@ -168,6 +226,13 @@ def _fonts_set(chars: str, fonts: tuple[str, ...]) -> Callable[[np.random.Genera
     return draw
 
 
+def _bent_fonts_set(chars: str, fonts: tuple[str, ...]) -> Callable[[np.random.Generator], np.ndarray]:
+    def draw(rng: np.random.Generator) -> np.ndarray:
+        return elastic(_glyph(rng, chars, held_out_fonts(fonts)), rng)
+
+    return draw
+
+
 def _texture(rng: np.random.Generator) -> np.ndarray:
     """Natural-image-like 1/f^a noise (a in [1.5, 2.5] in power), rescaled to [0, 1]."""
     freq = np.fft.fftfreq(FIELD)[:, None] ** 2 + np.fft.fftfreq(FIELD)[None, :] ** 2
@@ -185,6 +250,9 @@ NONDIGIT_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {
     "letters": _letter,
     "textures": _texture,
     "symbols": _symbol,
+    "varied_letters": _varied_letter,
+    "varied_symbols": _varied_symbol,
+    "handwritten_letters": _handwritten_letter,
 }
 VALIDATION_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # another seed, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
@@ -192,6 +260,7 @@ VALIDATION_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # a
     "strokes": _strokes,
     "near_blank": _near_blank,
     "textures": _texture,
+    "bent_letters": _bent_fonts_set(LETTERS, VALIDATION_FONTS),  # as a hand might draw them
 }
 TEST_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),

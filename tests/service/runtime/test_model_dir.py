@@ -128,3 +128,14 @@ def test_importing_it_loads_neither_fastapi_nor_torch_nor_the_app() -> None:
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_card_text_puts_each_list_of_numbers_on_one_line_and_reads_back_the_same() -> None:
+    from service.runtime.model_dir import card_text
+
+    card = {"levels": [0.0, 0.5, 1.0], "whitening": [[1.5, -2e-05], [3.0, 4.0]], "names": ["a", "[1,2]"], "none": []}
+    text = card_text(card)
+    assert json.loads(text) == card
+    assert '"levels": [0.0, 0.5, 1.0]' in text and "    [1.5, -2e-05],\n" in text
+    assert '"[1,2]"' in text  # a string that looks like a list is left as it is
+    assert text.count("\n") == 12 and text.endswith("}\n")

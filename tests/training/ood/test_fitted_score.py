@@ -11,6 +11,7 @@ import pytest
 from service.runtime.ood import OODCalibration
 from tests.conftest import write_mnist_dir
 from training.ood import calibrate as ood
+from training.ood import edges as ood_edges
 from training.ood import fitted as ood_fitted
 from training.ood import nondigits
 from training.ood.nondigits import TEST_SETS, VALIDATION_SETS, FontMissing, font_paths, make_set, rotated_digits
@@ -21,10 +22,12 @@ def fonts_present() -> bool:
         font_paths()
     except FontMissing:
         return False
-    return True
+    return all((nondigits.FONT_DIR / name).is_file() for name in nondigits.VARIED_FONT_FILES)
 
 
-needs_fonts = pytest.mark.skipif(not fonts_present(), reason="the fitting sets need fonts-dejavu-core")
+needs_fonts = pytest.mark.skipif(
+    not fonts_present(), reason="the fitting sets need fonts-dejavu-core and fonts-dejavu-extra"
+)
 
 
 @pytest.fixture
@@ -110,9 +113,10 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
 ) -> None:
     data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
     report_file, cache = tmp_path / "ood.json", tmp_path / "cache"
-    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "100", "--combiner", "24"]
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "60", "--combiner", "24"]
     args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90", "--cache", str(cache)]
-    assert ood.main([*args, "--method", "darccc", "--reference", "60", "--write-card", "--json", str(report_file)]) == 0
+    args += ["--network-digits", "30", "--network-per-set", "4", "--network-turned", "12"]
+    assert ood.main([*args, "--method", "darccc", "--write-card", "--json", str(report_file)]) == 0
     previous = json.loads((tiny_model / "model.json").read_text())["ood"]
     assert ood.main([*args, "--write-card", "--json", str(report_file)]) == 0
     report = json.loads(report_file.read_text())
@@ -121,6 +125,9 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
         previous["threshold"]
     )
     assert report["chosen"] in ood_fitted.CANDIDATES
+    fitting = report["fitting"]["non_digits"]
+    assert fitting["varied_letters"] == 4 and 0 < fitting["turned_training_digits"] <= 12
+    assert report["fitting"]["network"].startswith("54 digits against")  # 30 training and 24 combiner digits
     assert set(report["validation"]["candidates"]) == set(ood_fitted.CANDIDATES)
     card = json.loads((tiny_model / "model.json").read_text())["ood"]
     calibration = OODCalibration.from_card(card)
@@ -133,10 +140,10 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
     assert "| letters | 3 |" in printed and "previous AUROC" in printed
 
     edges = tmp_path / "edges.json"  # a pair either side of the card's threshold, for the tests
-    model, chars = ood_fitted.ModelOutputs(tiny_model), ood_fitted.EDGE_DIGITS + ood_fitted.EDGE_OTHERS
-    typeset = np.stack([ood_fitted.typeset(c) for c in chars]).astype(np.float32).reshape(-1, 1, 28, 28) / 255
+    model, chars = ood_fitted.ModelOutputs(tiny_model), ood_edges.EDGE_DIGITS + ood_edges.EDGE_OTHERS
+    typeset = np.stack([ood_edges.typeset(c) for c in chars]).astype(np.float32).reshape(-1, 1, 28, 28) / 255
     scores = ood_fitted.scores_of(calibration, model.run(typeset), typeset)
-    digits, letters = scores[: len(ood_fitted.EDGE_DIGITS)], scores[len(ood_fitted.EDGE_DIGITS) :]
+    digits, letters = scores[: len(ood_edges.EDGE_DIGITS)], scores[len(ood_edges.EDGE_DIGITS) :]
     assert digits.min() < letters.max()
 
     def with_threshold(threshold: float) -> None:
@@ -179,3 +186,12 @@ def test_cli_without_json_writes_its_report_under_runs_never_into_the_docs(
     assert ood.main([*args, "--percentile", "90", "--per-set", "3"]) == 0
     assert (tmp_path / "runs" / "ood" / f"{tiny_model.name}.json").is_file()
     assert not (tmp_path / "docs").exists()
+
+
+def test_the_choice_takes_the_best_worst_set_and_among_near_ties_the_most_features() -> None:
+    def row(worst: float, mean: float, n: int) -> dict:
+        return {"worst_rejected": worst, "mean_rejected": mean, "features": ["f"] * n}
+
+    assert ood_fitted.choose({"a": row(0.90, 0.95, 1), "b": row(0.80, 0.99, 9)}) == "a"
+    assert ood_fitted.choose({"a": row(0.90, 0.95, 1), "b": row(0.895, 0.93, 9)}) == "b"  # within the margin
+    assert ood_fitted.choose({"a": row(0.90, 0.95, 9), "b": row(0.90, 0.96, 9)}) == "b"  # then the mean

@@ -1,0 +1,183 @@
+"""The `pattern` network of the "not a digit" score: its input vector, its arithmetic, its card checks."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.runtime.ood import RANKED, OODCalibration, OODPart, PatternNetwork, capsule_vector
+
+K, D = 3, 4
+
+
+def batch(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    images = rng.random((n, 1, 4, 4)).astype(np.float32)
+    scores = rng.random((n, K)).astype(np.float32)
+    poses = rng.normal(size=(n, K, D)).astype(np.float32)
+    reconstruction = rng.random((n, 1, 4, 4)).astype(np.float32)
+    return images, scores, poses, reconstruction
+
+
+def network_entry(inputs: tuple[str, ...] = ("scores", "ranked_scores", "poses", "ink", "distance")) -> dict[str, Any]:
+    images, scores, poses, reconstruction = batch(1)
+    width = capsule_vector(inputs, images, scores, poses, reconstruction).shape[1]
+    rng = np.random.default_rng(7)
+    return {
+        "inputs": list(inputs),
+        "mean": rng.normal(size=width).tolist(),
+        "scale": rng.uniform(0.5, 2, width).tolist(),
+        "members": [
+            {
+                "layers": [
+                    {"weight": rng.normal(size=(5, width)).tolist(), "bias": rng.normal(size=5).tolist()},
+                    {"weight": rng.normal(size=(1, 5)).tolist(), "bias": [bias]},
+                ]
+            }
+            for bias in (0.25, -0.5)
+        ],
+    }
+
+
+def test_the_capsule_vector_holds_each_input_in_order() -> None:
+    images, scores, poses, reconstruction = batch(4)
+    vector = capsule_vector(
+        ("scores", "ranked_scores", "poses", "ink", "distance"), images, scores, poses, reconstruction
+    )
+    assert vector.shape == (4, K + RANKED + K * D + 1 + 2)
+    np.testing.assert_allclose(vector[:, :K], scores)
+    np.testing.assert_allclose(vector[:, K : K + RANKED], -np.sort(-scores, axis=1)[:, :RANKED])
+    np.testing.assert_allclose(vector[:, K + RANKED : K + RANKED + K * D], poses.reshape(4, -1))
+    x = images.reshape(4, -1).astype(np.float64)
+    np.testing.assert_allclose(vector[:, -3], x.sum(axis=1) / 100)
+    distance = np.linalg.norm(x - reconstruction.reshape(4, -1), axis=1)
+    np.testing.assert_allclose(vector[:, -2], distance, rtol=1e-6)
+    np.testing.assert_allclose(vector[:, -1], distance / np.linalg.norm(x, axis=1), rtol=1e-6)
+    em = capsule_vector(("poses", "ink"), images, scores, poses, None)  # no decoder, no distance
+    assert em.shape == (4, K * D + 1)
+
+
+@pytest.mark.parametrize(("inputs", "missing"), [(("poses",), "poses"), (("distance",), "reconstruction")])
+def test_the_capsule_vector_names_a_missing_output(inputs: tuple[str, ...], missing: str) -> None:
+    images, scores, _, _ = batch(2)
+    with pytest.raises(ValueError, match=missing):
+        capsule_vector(inputs, images, scores, None, None)
+
+
+def test_the_network_is_the_mean_of_standardised_perceptrons() -> None:
+    entry = network_entry()
+    network = PatternNetwork.from_card(entry)
+    images, scores, poses, reconstruction = batch(6, seed=3)
+    vector = capsule_vector(network.inputs, images, scores, poses, reconstruction)
+    x = (vector - np.array(entry["mean"])) / np.array(entry["scale"])
+    outputs = []
+    for member in entry["members"]:
+        first, last = member["layers"]
+        h = np.maximum(x @ np.array(first["weight"]).T + first["bias"], 0)
+        outputs.append((h @ np.array(last["weight"]).T)[:, 0] + last["bias"][0])
+    expected = (outputs[0] + outputs[1]) / 2
+    np.testing.assert_allclose(network.pattern(images, scores, poses, reconstruction), expected, rtol=1e-12)
+    alone = PatternNetwork.from_card({**entry, "members": entry["members"][:1]})
+    np.testing.assert_allclose(alone.pattern(images, scores, poses, reconstruction), outputs[0], rtol=1e-12)
+
+
+def calibration_entry() -> dict[str, Any]:
+    return {
+        "reference": {"n": 10},
+        "levels": [0.0, 0.5, 1.0],
+        "features": [
+            {"name": "pattern", "tail": "upper", "values": [-4.0, -2.0, 0.0]},
+            {"name": "winning_score", "tail": "lower", "values": [0.0, 0.5, 1.0]},
+        ],
+        "network": network_entry(),
+        "combiner": {"kind": "logistic", "bias": -1.0, "weights": {"pattern": 1.5, "winning_score": 0.5}},
+        "threshold": 2.0,
+    }
+
+
+def test_the_pattern_feature_enters_the_score_and_one_image_scores_as_in_a_batch() -> None:
+    calibration = OODCalibration.from_card(calibration_entry())
+    assert calibration.needs_poses and calibration.needs_reconstruction
+    images, scores, poses, reconstruction = batch(8, seed=5)
+    features = calibration.measure(images, scores, reconstruction, poses)
+    assert calibration.network is not None
+    np.testing.assert_allclose(features["pattern"], calibration.network.pattern(images, scores, poses, reconstruction))
+    cdf = np.interp(features["pattern"], [-4.0, -2.0, 0.0], [0.0, 0.5, 1.0])
+    win = np.interp(scores.max(axis=1), [0.0, 0.5, 1.0], [0.0, 0.5, 1.0])
+    expected = -1.0 + 1.5 * -np.log(np.maximum(1 - cdf, 0.05)) + 0.5 * -np.log(np.maximum(win, 0.05))
+    score, accepted = calibration.assess(images, scores, reconstruction, poses)
+    np.testing.assert_allclose(score, expected, rtol=1e-9)
+    np.testing.assert_array_equal(accepted, expected <= 2.0)
+    for i in range(len(images)):
+        one = slice(i, i + 1)
+        alone, _ = calibration.assess(images[one], scores[one], reconstruction[one], poses[one])
+        assert alone[0] == pytest.approx(score[i], rel=1e-9)
+    parts = calibration.parts(features)[0]
+    assert [p.name for p in parts] == ["pattern", "winning_score"]
+    assert parts[0].contribution == pytest.approx(1.5 * -np.log(max(1 - cdf[0], 0.05)))
+    assert OODPart("pattern", 3.0, 0.001, 9.0).says("2") == (
+        "the capsules' lengths and poses together look like a non-digit's, not a 2's: "
+        "0.10% of training digits are as extreme"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda o: o["network"].update(inputs=["scores", "colour"]), "network inputs"),
+        (lambda o: o["network"].update(inputs=[]), "network inputs"),
+        (lambda o: o["network"]["scale"].__setitem__(0, 0.0), "scale above 0"),
+        (lambda o: (o["network"]["mean"].pop(), o["network"]["scale"].pop()), "weight must be"),
+        (
+            lambda o: o["network"]["members"][1]["layers"][1].update(weight=[[1.0] * 5] * 2, bias=[0.0, 0.0]),
+            "one number",
+        ),
+        (lambda o: o["network"]["members"][0]["layers"][0]["bias"].__setitem__(0, float("nan")), "finite"),
+        (lambda o: o["network"].update(members=[]), "at least one member"),
+        (lambda o: o.pop("network"), "come together"),
+        (lambda o: o["features"].pop(0) and o["combiner"]["weights"].pop("pattern"), "come together"),
+    ],
+)
+def test_a_malformed_network_is_refused_with_its_reason(change: Any, message: str) -> None:
+    entry = copy.deepcopy(calibration_entry())
+    change(entry)
+    with pytest.raises(ValueError, match=message):
+        OODCalibration.from_card(entry)
+
+
+def test_a_network_of_another_width_names_both_widths() -> None:
+    network = PatternNetwork.from_card(network_entry())
+    images, scores, poses, _ = batch(2)
+    with pytest.raises(ValueError, match=f"takes {network.width} numbers"):
+        network(capsule_vector(("poses",), images, scores, poses, None))
+
+
+def test_a_card_whose_network_does_not_fit_the_models_outputs_is_a_card_error(model_repository: Path) -> None:
+    from service.runtime.card import CardError, parse_card
+    from tests.service.conftest import TINY
+
+    card = json.loads((model_repository / TINY / "model.json").read_text())
+    shapes = {o["role"]: o["shape"][1:] for o in card["outputs"]}
+    k, pose = shapes["scores"][0], int(np.prod(shapes["poses"]))
+    inputs = ("scores", "ranked_scores", "poses", "ink", "distance")
+    entry = {**calibration_entry(), "network": network_entry(inputs)}
+    width = k + RANKED + pose + 1 + 2
+    rng = np.random.default_rng(0)
+    entry["network"].update(mean=[0.0] * width, scale=[1.0] * width)
+    for member in entry["network"]["members"]:
+        member["layers"][0]["weight"] = rng.normal(size=(5, width)).tolist()
+    parse_card({**card, "ood": entry})  # fits: parses
+    narrow = copy.deepcopy(entry)
+    narrow["network"].update(mean=[0.0] * (width - 1), scale=[1.0] * (width - 1))
+    for member in narrow["network"]["members"]:
+        member["layers"][0]["weight"] = rng.normal(size=(5, width - 1)).tolist()
+    with pytest.raises(CardError, match=f"takes {width - 1} numbers per image, but this model's outputs give {width}"):
+        parse_card({**card, "ood": narrow})
+    no_poses = {**card, "outputs": [o for o in card["outputs"] if o["role"] != "poses"], "ood": entry}
+    with pytest.raises(CardError, match=r"no output .*role 'poses'"):
+        parse_card(no_poses)

@@ -1,0 +1,92 @@
+"""Edge pairs: two images just either side of a card's "not a digit" threshold, for the tests that pin the flag.
+
+`edge_pair` blends a typeset digit into a letter and bisects on the blend; `write_edges` keeps one pair per model
+in a JSON file (tests/service/runtime/ood_edges.json), `capsnet-ood --write-edges` the command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.contract import OODCalibration, array_from_pixels, preprocess, read_card
+from training.ood.fitted import ModelOutputs
+
+EDGE_DIGITS = "4712309568"  # typeset digits tried, in turn, as the in-distribution end of an edge pair
+EDGE_OTHERS = "HAKXTPE"  # and letters as the other end
+EDGE_STEPS = 40
+EDGE_NEAR = 0.02  # a pair whose scores both lie this close to the threshold (relatively) ends the search
+
+
+def typeset(char: str) -> np.ndarray:
+    """A DejaVu Sans character as the service prepares an upload of it: uint8 (28, 28), white on black."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    from training.ood.nondigits import CANVAS, font_paths
+
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    font = ImageFont.truetype(str(font_paths()[0]), 80)
+    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
+    return np.round(preprocess(canvas, (28, 28)).array.reshape(28, 28) * 255).astype(np.uint8)
+
+
+def edge_pair(model_dir: Path) -> dict[str, Any]:
+    """Two images on either side of the card's threshold, as close to it as uint8 pixels allow: a typeset digit
+    blended into a letter (bisection on the blend), the first pair within EDGE_NEAR of it or else the closest.
+    For tests that pin the served flag."""
+    model = ModelOutputs(model_dir)
+    calibration = OODCalibration.from_card(model.card["ood"])
+
+    def blend(digit: np.ndarray, other: np.ndarray, t: float) -> np.ndarray:
+        return np.round((1 - t) * digit.astype(np.float64) + t * other).astype(np.uint8)
+
+    def score(pixels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        images = array_from_pixels(pixels.tolist(), (28, 28)).astype(np.float32).reshape(1, 1, 28, 28)  # as served
+        out = model.run(images)
+        args = (out["scores"], out.get("reconstruction"), out.get("poses"), out.get("explanation"))
+        features = calibration.measure(images, *args)
+        return float(calibration.score(features)[0]), features
+
+    best: tuple[float, dict[str, Any]] | None = None
+    for d in EDGE_DIGITS:
+        digit = typeset(d)
+        if score(digit)[0] > calibration.threshold:
+            continue
+        for o in EDGE_OTHERS:
+            other = typeset(o)
+            if score(other)[0] <= calibration.threshold:
+                continue
+            low, high = 0.0, 1.0
+            for _ in range(EDGE_STEPS):
+                middle = (low + high) / 2
+                low, high = (middle, high) if score(blend(digit, other, middle))[0] <= calibration.threshold else (
+                    low, middle)  # fmt: skip
+            pair: dict[str, Any] = {"digit": d, "letter": o, "threshold": calibration.threshold}
+            for side, pixels in (("below", blend(digit, other, low)), ("above", blend(digit, other, high))):
+                value, features = score(pixels)
+                parts = calibration.parts(features)[0]
+                pair[side] = {
+                    "pixels": pixels.tolist(), "ood_score": value,
+                    "parts": {part.name: part.contribution for part in parts},
+                }  # fmt: skip
+            gap = max(abs(pair[side]["ood_score"] - calibration.threshold) for side in ("below", "above"))
+            if best is None or gap < best[0]:
+                best = (gap, pair)
+            if gap < EDGE_NEAR * abs(calibration.threshold):
+                return pair
+    if best is not None:
+        return best[1]
+    raise ValueError(f"no typeset digit of {EDGE_DIGITS} is accepted and letter of {EDGE_OTHERS} rejected")
+
+
+def write_edges(model_dir: Path, file: Path) -> dict[str, Any]:
+    """Add (or replace) the model's edge pair in a JSON file of edge pairs by model name."""
+    pairs = json.loads(file.read_text()) if file.is_file() else {}
+    name = read_card(model_dir)["name"]
+    pairs[name] = edge_pair(model_dir)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(dict(sorted(pairs.items()))) + "\n")
+    return pairs[name]
