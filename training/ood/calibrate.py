@@ -32,6 +32,7 @@ from training.ood.edges import write_edges
 from training.ood.fitted import (
     ModelOutputs,
     auroc,
+    confirm,
     fit_and_evaluate,
     quantile_levels,
     training_split,
@@ -56,6 +57,20 @@ DEFAULT_NETWORK_TURNED = 8000
 
 def _share(value: float | None) -> str:
     return "— (none accepted)" if value is None else f"{value:.2%}"
+
+
+def confirmation_markdown(report: dict[str, Any]) -> str:
+    """The confirmation table of one model: each set's AUROC and rejected share at the card's threshold."""
+    test = report["mnist_test"]
+    lines = [
+        f"Model `{report['model']}` (version {report['version']}), the card's threshold {report['threshold']:.3f}: "
+        f"MNIST test digits accepted {test['accepted']:.2%} of {test['n']:,}.",
+        "",
+        "| confirmation set | images | AUROC | rejected |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {n} | {r['n']:,} | {r['auroc']:.3f} | {r['rejected']:.1%} |" for n, r in report["sets"].items()]
+    return "\n".join(lines)
 
 
 def validation_markdown(report: dict[str, Any]) -> str:
@@ -324,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="20 images per set and 500 reference images; write nothing")
     p.add_argument(
+        "--confirm", action="store_true",
+        help="score the card's calibration as it is on the confirmation sets (fonts no other role uses) and the "
+        "reported test digits; fit nothing, change no card (report: runs/ood/<model>-confirmation.json)",
+    )  # fmt: skip
+    p.add_argument(
         "--validation-only", action="store_true",
         help="fit and choose, print every candidate's validation figures, and stop before the test sets; write nothing",
     )  # fmt: skip
@@ -345,7 +365,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.model}: {pair['digit']} into {pair['letter']}: scores {pair['below']['ood_score']:.4f} and "
                   f"{pair['above']['ood_score']:.4f} around the threshold {pair['threshold']:.4f}")  # fmt: skip
             return 0
-        if args.method == "darccc":
+        if args.confirm:
+            report = confirm(
+                Path(args.model), args.data_dir, combiner=args.combiner, validation=args.validation,
+                per_set=20 if args.dry_run else args.per_set, seed=args.seed, cache=args.cache,
+            )  # fmt: skip
+            text = confirmation_markdown(report)
+        elif args.method == "darccc":
             report = run(
                 Path(args.model), args.data_dir,
                 reference=500 if args.dry_run else args.reference,
@@ -377,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capsnet-ood: error: {e}", file=sys.stderr)
         return 2
     if not (args.dry_run or args.validation_only):
-        path = args.json if args.json is not None else RUNS_DIR / f"{Path(args.model).name}.json"
+        name = f"{Path(args.model).name}-confirmation" if args.confirm else Path(args.model).name
+        path = args.json if args.json is not None else RUNS_DIR / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
     print(text)

@@ -473,6 +473,45 @@ def fit_and_evaluate(
     return report
 
 
+def confirm(
+    model_dir: Path,
+    data_dir: str | None,
+    *,
+    combiner: int,
+    validation: int,
+    per_set: int,
+    seed: int,
+    cache: Path | None = None,
+) -> dict[str, Any]:
+    """The card's calibration as served, scored on the confirmation sets (fonts no other role uses) beside the
+    same reported test digits as `fit_and_evaluate` (those neither the combiner nor the validation drew)."""
+    model = ModelOutputs(model_dir, cache)
+    if model.card.get("ood") is None:
+        raise ValueError(f"{model_dir} has no 'not a digit' calibration to confirm; run capsnet-ood --write-card first")
+    shape = tuple(model.card["input"]["shape"][1:])
+    test = load_split(data_dir, "test")
+    if combiner < 1 or validation < 1 or combiner + validation >= len(test):
+        raise ValueError(
+            f"--combiner {combiner} + --validation {validation} must leave some of the {len(test)} test digits"
+        )
+    order = np.random.default_rng(seed).permutation(len(test))
+    test_idx = np.sort(order[combiner + validation :])
+    images = to_float(test.images)
+    outputs = model.run(images, "test")
+    digits = ({k: v[test_idx] for k, v in outputs.items()}, images[test_idx], test.labels[test_idx])
+    sets = {}
+    for name in ROLES["confirmation"][0]:
+        drawn = make_set(name, per_set, seed, shape, "confirmation")
+        sets[name] = (model.run(drawn, f"confirmation-{name}-{per_set}-{seed}"), drawn)
+    calibration = OODCalibration.from_card(model.card["ood"])
+    result = evaluate_sets(calibration, digits, sets)
+    return {
+        "model": model.card["name"], "version": model.card["version"], "threshold": calibration.threshold,
+        "features": [f.name for f in calibration.features], "seed": seed, "per_set": per_set,
+        "mnist_test": result["digits"], "sets": result["sets"],
+    }  # fmt: skip
+
+
 def training_split(card: dict[str, Any]) -> tuple[int, int]:
     """(--val-split, --seed) of the card's training command: which training images the model held out."""
     training = card.get("training") or {}

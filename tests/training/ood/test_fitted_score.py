@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +196,34 @@ def test_the_choice_takes_the_best_worst_set_and_among_near_ties_the_most_featur
     assert ood_fitted.choose({"a": row(0.90, 0.95, 1), "b": row(0.80, 0.99, 9)}) == "a"
     assert ood_fitted.choose({"a": row(0.90, 0.95, 1), "b": row(0.895, 0.93, 9)}) == "b"  # within the margin
     assert ood_fitted.choose({"a": row(0.90, 0.95, 9), "b": row(0.90, 0.96, 9)}) == "b"  # then the mean
+
+
+@needs_fonts
+@pytest.mark.usefixtures("dejavu_for_held_out")
+def test_confirm_scores_the_served_card_on_the_confirmation_sets_and_changes_nothing(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
+    monkeypatch.chdir(tmp_path)
+    tiny_model = Path(shutil.copytree(tiny_model, tmp_path / "tiny"))  # a card of its own, without a calibration
+    uncalibrated = {k: v for k, v in json.loads((tiny_model / "model.json").read_text()).items() if k != "ood"}
+    (tiny_model / "model.json").write_text(json.dumps(uncalibrated))
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--combiner", "24", "--validation", "20"]
+    assert ood.main([*args, "--confirm"]) == 2  # nothing to confirm yet
+    assert "has no 'not a digit' calibration to confirm" in capsys.readouterr().err
+    calibrate = ["--reference", "60", "--method", "darccc", "--percentile", "90", "--per-set", "3", "--write-card"]
+    assert ood.main([*args, *calibrate]) == 0
+    card = (tiny_model / "model.json").read_text()
+    assert ood.main([*args, "--confirm", "--per-set", "4"]) == 0
+    assert (tiny_model / "model.json").read_text() == card
+    report = json.loads((tmp_path / "runs" / "ood" / f"{tiny_model.name}-confirmation.json").read_text())
+    assert set(report["sets"]) == set(nondigits.CONFIRMATION_SETS) and report["per_set"] == 4
+    assert report["mnist_test"]["n"] == 20  # the 64 test digits less the combiner's 24 and the validation's 20
+    assert report["threshold"] == json.loads(card)["ood"]["threshold"]
+    assert "| handwritten_letters | 4 |" in capsys.readouterr().out
+
+
+def test_confirmation_fonts_missing_name_their_packages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(nondigits, "FONT_ROOT", tmp_path)
+    with pytest.raises(FontMissing, match="fonts-urw-base35 fonts-breip"):
+        make_set("handwritten_letters", 1, seed=0, role="confirmation")
