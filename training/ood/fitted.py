@@ -223,7 +223,7 @@ def fit_detector(
     if network is not None:
         ood["network"] = network
         ood["method"] += (
-            "; pattern is the output of a two-layer perceptron over every capsule's length and pose (and the "
+            "; pattern is the mean output of small two-layer perceptrons over every capsule's length and pose (and the "
             "reconstruction distance), fitted on digits against synthetic non-digits (outlier exposure, Hendrycks "
             "et al. 2019)"
         )
