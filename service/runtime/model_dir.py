@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from service.runtime.ood import OODCalibration, capsule_vector
+from service.runtime.ood import OODCalibration, vector_width
 
 logger = logging.getLogger(__name__)
 
@@ -180,26 +180,16 @@ class ModelCard(BaseModel):
             calibration = OODCalibration.from_card(self.ood)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"ood calibration is malformed: {type(e).__name__} {e}") from e
-        if calibration.needs_reconstruction and "reconstruction" not in {o.role for o in self.outputs}:
+        roles = {o.role for o in self.outputs}
+        if calibration.needs_reconstruction and "reconstruction" not in roles:
             raise ValueError("ood calibration uses reconstruction distances but no output has role 'reconstruction'")
-        if calibration.needs_poses and "poses" not in {o.role for o in self.outputs}:
-            raise ValueError("ood calibration uses the capsules' poses but no output has role 'poses'")
         network = calibration.network
         if network is not None:
-            shapes = {o.role: o.shape[1:] for o in self.outputs}
-            try:
-                k = int(np.prod(shapes["scores"]))
-                sample = capsule_vector(
-                    network.inputs, np.zeros((1, *self.input.shape[1:]), np.float32), np.zeros((1, k), np.float32),
-                    np.zeros((1, *shapes["poses"]), np.float32) if "poses" in shapes else None,
-                    np.zeros((1, *self.input.shape[1:]), np.float32) if "reconstruction" in shapes else None,
-                )  # fmt: skip
-            except (KeyError, ValueError) as e:
-                raise ValueError(f"ood network: {e}") from e
-            if sample.shape[1] != network.width:
+            pose_size = math.prod(self.pose_shape)  # every card has a poses output (checked above)
+            width = vector_width(network.inputs, len(self.classes), pose_size, "reconstruction" in roles)
+            if width != network.width:
                 raise ValueError(
-                    f"ood network takes {network.width} numbers per image, "
-                    f"but this model's outputs give {sample.shape[1]}"
+                    f"ood network takes {network.width} numbers per image, but this model's outputs give {width}"
                 )
         return calibration
 

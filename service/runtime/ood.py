@@ -145,6 +145,18 @@ def capsule_vector(
     return np.concatenate(columns, axis=1)
 
 
+def vector_width(inputs: tuple[str, ...], k: int, pose_size: int, has_reconstruction: bool) -> int:
+    """How many numbers `capsule_vector` gives per image for a model of `k` classes with poses of `pose_size`
+    numbers; a ValueError names an input the model cannot give."""
+    sizes = {"scores": k, "ranked_scores": min(RANKED, k), "poses": k * pose_size, "ink": 1, "distance": 2}
+    unknown = [n for n in inputs if n not in sizes]
+    if unknown:
+        raise ValueError(f"unknown network input {unknown[0]!r}; choose from {', '.join(VECTOR_INPUTS)}")
+    if "distance" in inputs and not has_reconstruction:
+        raise ValueError("the pattern network needs the model's reconstruction")
+    return sum(sizes[n] for n in inputs)
+
+
 @dataclass(frozen=True)
 class PatternNetwork:
     """The card's `network`: standardise `capsule_vector` (mean, scale), then each member's dense layers with ReLU
@@ -166,7 +178,7 @@ class PatternNetwork:
         scale = np.asarray(entry["scale"], dtype=np.float64)
         if mean.ndim != 1 or scale.shape != mean.shape or not np.all(scale > 0):
             raise ValueError("network mean and scale must be vectors of one length, every scale above 0")
-        if not np.all(np.isfinite(mean)):
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(scale))):
             raise ValueError("network weights must be finite numbers")
         members = []
         for m, member in enumerate(entry["members"]):

@@ -42,22 +42,26 @@ def run_layout(arch: str, processes: int, threads: int, steps: int, batch: int, 
     for p in procs:
         out, _ = p.communicate()
         if p.returncode != 0:
-            raise SystemExit(f"a {arch} worker failed with exit {p.returncode}")
+            raise RuntimeError(f"a {arch} worker failed with exit {p.returncode}")
         rates.append(float(out.strip().splitlines()[-1]))
     return rates
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--arch", nargs="+", default=["baseline", "dynamic"], help="architectures to time")
-    parser.add_argument("--steps", type=int, default=4, help="timed training steps per worker (after one warm-up)")
-    parser.add_argument("--batch-size", type=int, default=128, help="training batch")
-    parser.add_argument("--amp", action="store_true", help="bfloat16 autocast, as the report's runs use")
+    parser.add_argument(
+        "--arch", nargs="+", default=["baseline", "dynamic"], help="architectures to time (default: baseline dynamic)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=4, help="timed training steps per worker, after one warm-up (default: 4)"
+    )
+    parser.add_argument("--batch-size", type=int, default=128, help="training batch (default: 128)")
+    parser.add_argument("--amp", action="store_true", help="bfloat16 autocast, as the report's runs use (default: off)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(worker(args.arch[0], args.steps, args.batch_size, args.amp))
-        return
+        return 0
     import torch
 
     from training.benchmarks.machine import machine_description
@@ -67,9 +71,13 @@ def main(argv: list[str] | None = None) -> None:
         "amp": args.amp, "architectures": {},
     }  # fmt: skip
     for arch in args.arch:
-        rates = {
-            name: run_layout(arch, p, t, args.steps, args.batch_size, args.amp) for name, (p, t) in LAYOUTS.items()
-        }
+        try:
+            rates = {
+                name: run_layout(arch, n, t, args.steps, args.batch_size, args.amp) for name, (n, t) in LAYOUTS.items()
+            }
+        except RuntimeError as e:
+            print(f"threads: error: {e}", file=sys.stderr)
+            return 2
         total = {name: round(sum(r), 2) for name, r in rates.items()}
         result["architectures"][arch] = {
             "images_per_second": total,
@@ -78,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         print(json.dumps({arch: result["architectures"][arch]}), file=sys.stderr, flush=True)
     print(json.dumps(result, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

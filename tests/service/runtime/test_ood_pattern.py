@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.runtime.ood import RANKED, OODCalibration, OODPart, PatternNetwork, capsule_vector
+from service.runtime.ood import (
+    RANKED,
+    VECTOR_INPUTS,
+    OODCalibration,
+    OODPart,
+    PatternNetwork,
+    capsule_vector,
+    vector_width,
+)
 
 K, D = 3, 4
 
@@ -132,6 +140,7 @@ def test_the_pattern_feature_enters_the_score_and_one_image_scores_as_in_a_batch
         (lambda o: o["network"].update(inputs=["scores", "colour"]), "network inputs"),
         (lambda o: o["network"].update(inputs=[]), "network inputs"),
         (lambda o: o["network"]["scale"].__setitem__(0, 0.0), "scale above 0"),
+        (lambda o: o["network"]["scale"].__setitem__(0, float("inf")), "finite"),
         (lambda o: (o["network"]["mean"].pop(), o["network"]["scale"].pop()), "weight must be"),
         (
             lambda o: o["network"]["members"][1]["layers"][1].update(weight=[[1.0] * 5] * 2, bias=[0.0, 0.0]),
@@ -178,6 +187,29 @@ def test_a_card_whose_network_does_not_fit_the_models_outputs_is_a_card_error(mo
         member["layers"][0]["weight"] = rng.normal(size=(5, width - 1)).tolist()
     with pytest.raises(CardError, match=f"takes {width - 1} numbers per image, but this model's outputs give {width}"):
         parse_card({**card, "ood": narrow})
-    no_poses = {**card, "outputs": [o for o in card["outputs"] if o["role"] != "poses"], "ood": entry}
-    with pytest.raises(CardError, match=r"no output .*role 'poses'"):
-        parse_card(no_poses)
+    huge = copy.deepcopy(card)  # the width is counted, never allocated: a huge declared input costs nothing
+    huge["input"]["shape"] = [-1, 1, 1_000_000, 1_000_000]
+    for output in huge["outputs"]:
+        if output["role"] == "reconstruction":
+            output["shape"] = huge["input"]["shape"]
+    with pytest.raises(CardError, match=f"takes {width - 1} numbers per image, but this model's outputs give {width}"):
+        parse_card({**huge, "ood": narrow})
+    no_decoder = {**card, "outputs": [o for o in card["outputs"] if o["role"] != "reconstruction"], "ood": entry}
+    with pytest.raises(CardError, match="reconstruction"):
+        parse_card(no_decoder)
+
+
+@pytest.mark.parametrize(
+    "inputs", [("scores",), ("ranked_scores", "ink"), ("poses", "distance"), VECTOR_INPUTS, ("ink", "scores")]
+)
+@pytest.mark.parametrize("k", [1, 2, 3, 10])
+def test_the_counted_width_is_that_of_the_vector(inputs: tuple[str, ...], k: int) -> None:
+    rng = np.random.default_rng(k)
+    images, reconstruction = rng.random((2, 1, 4, 4)), rng.random((2, 1, 4, 4))
+    vector = capsule_vector(inputs, images, rng.random((2, k)), rng.normal(size=(2, k, 2, 2)), reconstruction)
+    assert vector_width(inputs, k, 4, has_reconstruction=True) == vector.shape[1]
+    if "distance" in inputs:
+        with pytest.raises(ValueError, match="reconstruction"):
+            vector_width(inputs, k, 4, has_reconstruction=False)
+    with pytest.raises(ValueError, match="unknown network input 'colour'"):
+        vector_width((*inputs, "colour"), k, 4, has_reconstruction=True)

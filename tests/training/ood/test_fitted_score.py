@@ -227,3 +227,28 @@ def test_confirmation_fonts_missing_name_their_packages(monkeypatch: pytest.Monk
     monkeypatch.setattr(nondigits, "FONT_ROOT", tmp_path)
     with pytest.raises(FontMissing, match="fonts-urw-base35 fonts-breip"):
         make_set("handwritten_letters", 1, seed=0, role="confirmation")
+
+
+@needs_fonts
+@pytest.mark.usefixtures("dejavu_for_held_out")
+def test_validation_only_writes_nothing_and_a_test_seed_changes_only_the_test_images(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
+    monkeypatch.chdir(tmp_path)
+    tiny_model = Path(shutil.copytree(tiny_model, tmp_path / "tiny"))
+    card = (tiny_model / "model.json").read_text()
+    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "60", "--combiner", "24"]
+    args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90"]
+    args += ["--network-digits", "30", "--network-per-set", "4", "--network-turned", "12"]
+    assert ood.main([*args, "--validation-only"]) == 0
+    assert "validation only, chosen" in capsys.readouterr().out
+    assert (tiny_model / "model.json").read_text() == card and not (tmp_path / "runs").exists()
+    first, second = tmp_path / "seed0.json", tmp_path / "seed7.json"
+    assert ood.main([*args, "--json", str(first)]) == 0
+    assert ood.main([*args, "--json", str(second), "--test-seed", "7"]) == 0
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert (a["test_seed"], b["test_seed"]) == (0, 7)
+    assert a["threshold"] == b["threshold"] and a["combiner"] == b["combiner"]  # the same fit
+    assert a["mnist_test"] == b["mnist_test"]  # the same test digits
+    assert a["sets"]["letters"] != b["sets"]["letters"] or a["sets"]["noise"] != b["sets"]["noise"]
