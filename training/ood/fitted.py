@@ -302,6 +302,21 @@ def held_out(n: int, val_split: int, seed: int) -> tuple[np.ndarray, np.ndarray]
     return np.sort(order[val_split:]), np.sort(order[:val_split])
 
 
+def test_split(n: int, combiner: int, validation: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(combiner, validation, reported) indices of the n MNIST test digits, drawn at random with `seed`."""
+    if combiner < 1 or validation < 1 or combiner + validation >= n:
+        raise ValueError(
+            f"--combiner {combiner} + --validation {validation} must be positive and leave some of the "
+            f"{n} test digits to report"
+        )
+    order = np.random.default_rng(seed).permutation(n)
+    return (
+        np.sort(order[:combiner]),
+        np.sort(order[combiner : combiner + validation]),
+        np.sort(order[combiner + validation :]),
+    )
+
+
 def available(names: tuple[str, ...], outputs: dict[str, np.ndarray]) -> tuple[str, ...]:
     needs = {"distance": "reconstruction", "relative_distance": "reconstruction", "routing_share": "explanation",
              "pose_distance": "poses", "pattern": "poses"}  # fmt: skip
@@ -342,14 +357,7 @@ def fit_and_evaluate(
     trained, _ = held_out(len(train), val_split, train_seed)
     if not 0 < reference <= len(trained) or not 0 <= val_split < len(train):
         raise ValueError(f"--reference {reference} must be between 1 and the {len(trained)} trained images")
-    if combiner < 1 or validation < 1 or combiner + validation >= len(test):
-        raise ValueError(
-            f"--combiner {combiner} + --validation {validation} must be positive and leave some of the "
-            f"{len(test)} test digits to report"
-        )
-    order = np.random.default_rng(seed).permutation(len(test))
-    comb_idx, val_idx = np.sort(order[:combiner]), np.sort(order[combiner : combiner + validation])
-    test_idx = np.sort(order[combiner + validation :])
+    comb_idx, val_idx, test_idx = test_split(len(test), combiner, validation, seed)
     ref_idx = trained[len(trained) - reference :]
     rest = trained[: len(trained) - reference]
     if network_digits < 1 or network_per_set < 1 or network_turned < 3 or len(rest) == 0:
@@ -490,12 +498,7 @@ def confirm(
         raise ValueError(f"{model_dir} has no 'not a digit' calibration to confirm; run capsnet-ood --write-card first")
     shape = tuple(model.card["input"]["shape"][1:])
     test = load_split(data_dir, "test")
-    if combiner < 1 or validation < 1 or combiner + validation >= len(test):
-        raise ValueError(
-            f"--combiner {combiner} + --validation {validation} must leave some of the {len(test)} test digits"
-        )
-    order = np.random.default_rng(seed).permutation(len(test))
-    test_idx = np.sort(order[combiner + validation :])
+    _, _, test_idx = test_split(len(test), combiner, validation, seed)
     images = to_float(test.images)
     outputs = model.run(images, "test")
     digits = ({k: v[test_idx] for k, v in outputs.items()}, images[test_idx], test.labels[test_idx])

@@ -3,12 +3,12 @@
     python -m training.report.projection runs/report/baseline/baseline-mnist/metrics.jsonl --target 0.006 \
         --epoch-images 30000 [--key test_error] [--last N]
 
-Fits log(error) = log(a) - b log(images) by least squares to the last `--last` epochs of a `metrics.jsonl`
-(by default its second half; epoch k has seen k x `--epoch-images` images) and prints one JSON object: the
-slope b, the images at which the line reaches `--target`, how many more that is, and the hours they take at
-the run's own images/s. A curve that is not falling (b <= 0) reaches no target. A power law without a floor
-is the optimistic reading of a curve that flattens: when even it needs more than three times a run's planned
-compute, the target is out of that run's reach.
+Fits log(error) = log(a) - b log(images) by least squares to the last `--last` epochs of a `metrics.jsonl` (by
+default its second half; epoch k has seen k x `--epoch-images` images) and prints one JSON object: the slope b, the
+images at which the line reaches `--target`, how many more that is, and the hours they take at the run's own
+images/s. A curve that is not falling (b <= 0), or falls too slowly to get there within 1e15 images, reaches no
+target. A power law without a floor is the optimistic reading of a curve that flattens: when even it needs more than
+three times a run's planned compute, the target is out of that run's reach.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 MIN_POINTS = 2
+NEVER = 1e15  # training images beyond which a curve is said to reach no target (and floats would overflow)
 
 
 @dataclass(frozen=True)
@@ -54,21 +57,18 @@ def project(rows: list[dict[str, Any]], target: float, epoch_images: int, key: s
     points = points[-(last if last is not None else max(MIN_POINTS, math.ceil(len(points) / 2))) :]
     if len(points) < MIN_POINTS:
         raise ValueError(f"fitting needs at least 2 epochs with a positive {key}; the file has {len(points)}")
-    xs = [math.log(n) for n, _, _ in points]
-    ys = [math.log(e) for _, e, _ in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = -sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else 0.0
+    fall, intercept = np.polyfit(np.log([n for n, _, _ in points]), np.log([e for _, e, _ in points]), 1)
+    slope = float(-fall)
     done = points[-1][0]
-    error_now = math.exp(my - slope * (math.log(done) - mx))
+    error_now = math.exp(intercept - slope * math.log(done))
     best = min(float(r[key]) for r in rows if r.get(key) is not None)
     rates = [float(r["images_per_second"]) for _, _, r in points if r.get("images_per_second")]
     rate = sum(rates) / len(rates) if rates else None
     to_target: int | None = None
     if best <= target:
         to_target = min(n for n, e, _ in points if e <= target) if any(e <= target for _, e, _ in points) else done
-    elif slope > 0:
-        to_target = math.ceil(done * (error_now / target) ** (1 / slope))
+    elif slope > 0 and (log_images := math.log(done) + math.log(error_now / target) / slope) < math.log(NEVER):
+        to_target = math.ceil(math.exp(log_images))
     more = None if to_target is None else max(0, to_target - done)
     hours = None if more is None or not rate else round(more / rate / 3600, 1)
     return Projection(target, len(points), done, round(error_now, 6), best, round(slope, 4), to_target, more, hours)

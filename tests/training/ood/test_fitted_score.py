@@ -37,6 +37,18 @@ def dejavu_for_held_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nondigits, "held_out_fonts", lambda names: font_paths())
 
 
+def tiny_fit(model: Path, data: Path) -> list[str]:
+    """capsnet-ood arguments that fit the tiny model on the tiny MNIST files in seconds."""
+    args = ["--model", str(model), "--data-dir", str(data), "--reference", "60", "--combiner", "24"]
+    args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90"]
+    return [*args, "--network-digits", "30", "--network-per-set", "4", "--network-turned", "12"]
+
+
+def own_copy(model: Path, tmp_path: Path) -> Path:
+    """The tiny model copied under tmp_path, so a test may write its card."""
+    return Path(shutil.copytree(model, tmp_path / "tiny"))
+
+
 def test_the_whitening_gives_the_mahalanobis_distance_of_the_shared_covariance() -> None:
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(3), 200)
@@ -114,9 +126,7 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
 ) -> None:
     data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
     report_file, cache = tmp_path / "ood.json", tmp_path / "cache"
-    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "60", "--combiner", "24"]
-    args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90", "--cache", str(cache)]
-    args += ["--network-digits", "30", "--network-per-set", "4", "--network-turned", "12"]
+    args = [*tiny_fit(tiny_model, data), "--cache", str(cache)]
     assert ood.main([*args, "--method", "darccc", "--write-card", "--json", str(report_file)]) == 0
     previous = json.loads((tiny_model / "model.json").read_text())["ood"]
     assert ood.main([*args, "--write-card", "--json", str(report_file)]) == 0
@@ -205,7 +215,7 @@ def test_confirm_scores_the_served_card_on_the_confirmation_sets_and_changes_not
 ) -> None:
     data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
     monkeypatch.chdir(tmp_path)
-    tiny_model = Path(shutil.copytree(tiny_model, tmp_path / "tiny"))  # a card of its own, without a calibration
+    tiny_model = own_copy(tiny_model, tmp_path)  # a card of its own, without a calibration
     uncalibrated = {k: v for k, v in json.loads((tiny_model / "model.json").read_text()).items() if k != "ood"}
     (tiny_model / "model.json").write_text(json.dumps(uncalibrated))
     args = ["--model", str(tiny_model), "--data-dir", str(data), "--combiner", "24", "--validation", "20"]
@@ -236,11 +246,9 @@ def test_validation_only_writes_nothing_and_a_test_seed_changes_only_the_test_im
 ) -> None:
     data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
     monkeypatch.chdir(tmp_path)
-    tiny_model = Path(shutil.copytree(tiny_model, tmp_path / "tiny"))
+    tiny_model = own_copy(tiny_model, tmp_path)
     card = (tiny_model / "model.json").read_text()
-    args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "60", "--combiner", "24"]
-    args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90"]
-    args += ["--network-digits", "30", "--network-per-set", "4", "--network-turned", "12"]
+    args = tiny_fit(tiny_model, data)
     assert ood.main([*args, "--validation-only"]) == 0
     assert "validation only, chosen" in capsys.readouterr().out
     assert (tiny_model / "model.json").read_text() == card and not (tmp_path / "runs").exists()
