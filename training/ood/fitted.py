@@ -394,24 +394,29 @@ def fit_and_evaluate(
     ref = digits(train, ref_idx, f"train-ref-{reference}-{val_split}-{train_seed}")
     ref_description = f"{reference} MNIST training images the model trained on"
     comb = test_part(comb_idx)
-    fit_sets = nondigits("fit", max(per_set, network_per_set))
+
+    def turned_training(idx: np.ndarray, key: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        images = np.concatenate([
+            to_float(rotated_digits(train.images[idx[k::3]], train.labels[idx[k::3]], turns))
+            for k, turns in enumerate((1, 2, 3))
+        ])  # fmt: skip
+        return model.run(images, f"train-turned-{len(idx)}-{key}-{val_split}-{train_seed}-{seed}"), images
+
+    # The combiner learns from images the network never saw: other non-digits, other turned training digits.
+    fit_sets = nondigits("fit", per_set)
+    others = np.setdiff1d(rest, net_idx)
+    if len(others) >= 3:
+        fit_sets["turned_training_digits"] = turned_training(others[: min(per_set * 3 // 2, len(others))], "combiner")
     progress(f"model outputs: {len(net_idx)} training digits and {network_turned} turned ones for the network")
     net_digits = digits(train, net_idx, f"train-net-{len(net_idx)}-{val_split}-{train_seed}-{seed}")
-    turn_idx = net_idx[:network_turned]
-    turned_images = np.concatenate([
-        to_float(rotated_digits(train.images[turn_idx[k::3]], train.labels[turn_idx[k::3]], turns))
-        for k, turns in enumerate((1, 2, 3))
-    ])  # fmt: skip
-    fit_sets["turned_training_digits"] = (
-        model.run(turned_images, f"train-turned-{network_turned}-{val_split}-{train_seed}-{seed}"),
-        turned_images,
-    )
+    net_sets = nondigits("network", network_per_set)
+    net_sets["turned_training_digits"] = turned_training(net_idx[:network_turned], "network")
     inputs = network_inputs(ref[0])
     progress(f"fitting the pattern network on {', '.join(inputs)}")
     network = fit_network(
         inputs,
-        np.concatenate([vectors(net_digits[0], net_digits[1], inputs), vectors(comb[0], comb[1], inputs)]),
-        np.concatenate([vectors(o, i, inputs) for o, i in fit_sets.values()]),
+        vectors(net_digits[0], net_digits[1], inputs),
+        np.concatenate([vectors(o, i, inputs) for o, i in net_sets.values()]),
         seed=seed,
     )
     progress(f"model outputs: the validation non-digits and {validation} validation test digits, turned")
@@ -435,6 +440,7 @@ def fit_and_evaluate(
     ood = fitted[label]
     ood["threshold_rule"] = f"the {percentile:g}th percentile of the scores of {val_description}"
     ood["target_acceptance"] = 0.99
+    ood["digit_split"] = {"seed": seed, "combiner": combiner, "validation": validation}
     calibration = OODCalibration.from_card(ood)
 
     if validation_only:
@@ -462,8 +468,8 @@ def fit_and_evaluate(
         "per_set": per_set,
         "fitting": {
             "network": network["fitted"],
-            "network_digits": f"{len(net_idx)} MNIST training images the model trained on (not the reference), "
-            f"and the combiner's {combiner} test digits",
+            "network_digits": f"{len(net_idx)} MNIST training images the model trained on (not the reference)",
+            "network_non_digits": {name: len(images) for name, (_, images) in net_sets.items()},
             "non_digits": {name: len(images) for name, (_, images) in fit_sets.items()},
         },
         "validation": {"candidates": candidates},
@@ -492,13 +498,15 @@ def confirm(
     cache: Path | None = None,
 ) -> dict[str, Any]:
     """The card's calibration as served, scored on the confirmation sets (fonts no other role uses) beside the
-    same reported test digits as `fit_and_evaluate` (those neither the combiner nor the validation drew)."""
+    same reported test digits as `fit_and_evaluate` (those neither the combiner nor the validation drew: the card's
+    `digit_split` when it has one, else `combiner`, `validation` and `seed`)."""
     model = ModelOutputs(model_dir, cache)
     if model.card.get("ood") is None:
         raise ValueError(f"{model_dir} has no 'not a digit' calibration to confirm; run capsnet-ood --write-card first")
     shape = tuple(model.card["input"]["shape"][1:])
     test = load_split(data_dir, "test")
-    _, _, test_idx = test_split(len(test), combiner, validation, seed)
+    split = model.card["ood"].get("digit_split") or {"seed": seed, "combiner": combiner, "validation": validation}
+    _, _, test_idx = test_split(len(test), int(split["combiner"]), int(split["validation"]), int(split["seed"]))
     images = to_float(test.images)
     outputs = model.run(images, "test")
     digits = ({k: v[test_idx] for k, v in outputs.items()}, images[test_idx], test.labels[test_idx])
@@ -511,7 +519,7 @@ def confirm(
     return {
         "model": model.card["name"], "version": model.card["version"], "threshold": calibration.threshold,
         "features": [f.name for f in calibration.features], "seed": seed, "per_set": per_set,
-        "mnist_test": result["digits"], "sets": result["sets"],
+        "digit_split": split, "mnist_test": result["digits"], "sets": result["sets"],
     }  # fmt: skip
 
 

@@ -2,24 +2,36 @@
 
 Every image is drawn on its own canvas and then passed through the service's preprocessing
 (`service.imaging.preprocess`: grayscale, polarity, stretch, crop, fit, centre of mass), exactly
-as an upload would be, so the sets measure what users of the service get.
-`NONDIGIT_SETS` (DejaVu fonts of `fonts-dejavu-core`) are the fitting outliers; `VALIDATION_SETS`
-(Liberation fonts, another seed) choose the detector; `TEST_SETS` (FreeFont, Humor Sans, Comic Neue,
-other generators) are reported once; `CONFIRMATION_SETS` (URW base 35 and six handwriting fonts) confirm
-a served calibration later, on typefaces no fitting, choice or test saw (`capsnet-ood --confirm`). Letters that
-are glyph twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; Greek theta, ...) are left out of the
-Latin letters and of the test scripts; the fitting scripts (`OTHER_SCRIPTS_FIT`) hold a few (ι, ϑ, б, ч).
+as an upload would be, so the sets measure what users of the service get. Each role has its own fonts and
+generators:
+
+- `NONDIGIT_SETS` fit the pattern network and the combiner: DejaVu in 14 faces, FreeFont, Humor Sans, Comic
+  Neue, URW base 35 and three handwriting fonts, varied and bent; polylines, Bézier scribbles, gratings, noise,
+  blank and near-blank pages, 1/f textures.
+- `VALIDATION_SETS` choose the detector and its threshold's features: Liberation and three other handwriting
+  fonts, and the fitting generators from another stream.
+- `TEST_SETS` are reported once: fonts (Carlito, Caladea, Open Sans, Cantarell, EB Garamond, Purisa, Andika,
+  Comfortaa, Gentium, Ezra SIL) and generators (`training.ood.shapes`: pen strokes, doodles, cells, field noise,
+  pages, dust) that no other role uses.
+- `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`): Linux Libertine and Biolinum, Kristi
+  and Dancing Script.
+
+Letters that are glyph twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; Greek iota and theta, Cyrillic
+be and che, ...) are left out of every set. A character is drawn only in the fonts that have its glyph.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from service.contract import preprocess
+from training.ood import shapes
+from training.ood.shapes import CANVAS, elastic
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
 FONT_FILES = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSans-Bold.ttf")
@@ -33,55 +45,68 @@ VARIED_FONT_FILES = (  # and fonts-dejavu-extra: the other faces of the same fam
 VARIED_FONT_PACKAGE = "fonts-dejavu-extra"
 LETTERS = "ACDEFHJKLMNPQRTUVWXYacdefhijkmnprtuvwxy"  # no glyph twins of digits
 SYMBOLS = "+−×÷=%#@&*?<>~^"  # no bars, slashes or brackets: after cropping they are ones
-# Greek and Cyrillic letters the test sets do not hold; unlike those, a few (ι, б, ч) look like a digit
-OTHER_SCRIPTS_FIT = "ξζηικνρστυϑБГИЙКУЦЧЭбгийкучэ"
-OTHER_SCRIPTS = "αβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпцשאמצם"  # Greek, Cyrillic, Hebrew; no digit twins
+SCRIPTS_FIT = "ξζηκνρστυГИЙКУЦЭгийкуцэשאמצם"  # Greek, Cyrillic and Hebrew letters the test sets do not hold
+SCRIPTS = "αβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпגדהכלנעפקרת"  # Greek, Cyrillic, Hebrew; no digit twins
 FONT_ROOT = Path("/usr/share/fonts")
+FIT_FONTS = (  # fonts-freefont-ttf, fonts-humor-sans, fonts-comic-neue, fonts-urw-base35, and handwriting
+    "truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeMono.ttf",
+    "truetype/freefont/FreeSansBold.ttf", "truetype/freefont/FreeSerifItalic.ttf",
+    "truetype/humor-sans/Humor-Sans.ttf", "opentype/comic-neue/ComicNeue-Regular.otf",
+    "opentype/comic-neue/ComicNeue-Bold.otf",
+    "opentype/urw-base35/NimbusSans-Regular.otf", "opentype/urw-base35/NimbusRoman-Regular.otf",
+    "opentype/urw-base35/NimbusMonoPS-Regular.otf", "opentype/urw-base35/NimbusSans-Bold.otf",
+    "opentype/urw-base35/URWGothic-Book.otf", "opentype/urw-base35/URWBookman-Light.otf",
+    "opentype/urw-base35/C059-Roman.otf", "opentype/urw-base35/P052-Italic.otf",
+    "truetype/breip/Breip.ttf", "truetype/fifthhorseman/dkg.ttf", "truetype/femkeklaver/femkeklaver.ttf",
+)  # fmt: skip
 VALIDATION_FONTS = (  # fonts-liberation
     "truetype/liberation/LiberationSans-Regular.ttf",
     "truetype/liberation/LiberationSerif-Regular.ttf",
     "truetype/liberation/LiberationMono-Regular.ttf",
     "truetype/liberation/LiberationSans-Bold.ttf",
 )
-TEST_FONTS = (  # fonts-freefont-ttf, fonts-humor-sans, fonts-comic-neue
-    "truetype/freefont/FreeSans.ttf",
-    "truetype/freefont/FreeSerif.ttf",
-    "truetype/freefont/FreeMono.ttf",
-    "truetype/freefont/FreeSansBold.ttf",
-    "truetype/freefont/FreeSerifItalic.ttf",
-    "truetype/humor-sans/Humor-Sans.ttf",
-    "opentype/comic-neue/ComicNeue-Regular.otf",
-    "opentype/comic-neue/ComicNeue-Bold.otf",
-)
-CONFIRMATION_FONTS = (  # fonts-urw-base35: typefaces no other role uses
-    "opentype/urw-base35/NimbusSans-Regular.otf",
-    "opentype/urw-base35/NimbusRoman-Regular.otf",
-    "opentype/urw-base35/NimbusMonoPS-Regular.otf",
-    "opentype/urw-base35/NimbusSans-Bold.otf",
-    "opentype/urw-base35/URWGothic-Book.otf",
-    "opentype/urw-base35/URWBookman-Light.otf",
-    "opentype/urw-base35/C059-Roman.otf",
-    "opentype/urw-base35/P052-Italic.otf",
-)
-HANDWRITING_FONTS = (  # fonts-breip, fonts-dkg-handwriting, fonts-femkeklaver, fonts-rufscript, fonts-tomsontalks
-    "truetype/breip/Breip.ttf",
-    "truetype/fifthhorseman/dkg.ttf",
-    "truetype/femkeklaver/femkeklaver.ttf",
+VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base35
     "truetype/rufscript/Rufscript010.ttf",
     "truetype/tomsontalks/TomsonTalks.ttf",
     "opentype/urw-base35/Z003-MediumItalic.otf",
 )
-CONFIRMATION_PACKAGES = (
-    "fonts-urw-base35 fonts-breip fonts-dkg-handwriting fonts-femkeklaver fonts-rufscript fonts-tomsontalks"
+TEST_FONTS = (  # typefaces no other role uses; Purisa, Andika and Comfortaa are handwriting-like
+    "truetype/crosextra/Carlito-Regular.ttf", "truetype/crosextra/Carlito-Bold.ttf",
+    "truetype/crosextra/Caladea-Regular.ttf", "truetype/open-sans/OpenSans-Regular.ttf",
+    "opentype/cantarell/Cantarell-Regular.otf", "opentype/ebgaramond/EBGaramond12-Regular.otf",
+    "truetype/tlwg/Purisa.ttf", "truetype/andika/Andika-Regular.ttf", "truetype/comfortaa/Comfortaa-Regular.ttf",
+)  # fmt: skip
+SCRIPT_FONTS = (  # the test fonts with Greek and Cyrillic, Gentium, and Ezra SIL for Hebrew
+    "truetype/crosextra/Carlito-Regular.ttf", "truetype/open-sans/OpenSans-Regular.ttf",
+    "opentype/cantarell/Cantarell-Regular.otf", "opentype/ebgaramond/EBGaramond12-Regular.otf",
+    "truetype/gentium/Gentium-R.ttf", "truetype/ezra/SILEOT.ttf",
+)  # fmt: skip
+CONFIRMATION_FONTS = (  # fonts-linuxlibertine
+    "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
+    "opentype/linux-libertine/LinLibertine_RB.otf", "opentype/linux-libertine/LinBiolinum_R.otf",
+    "opentype/linux-libertine/LinBiolinum_RB.otf",
+)  # fmt: skip
+CONFIRMATION_HANDWRITING = (  # fonts-kristi, fonts-dancingscript
+    "truetype/kristi/Kristi.ttf",
+    "opentype/dancingscript/DancingScript-Regular.otf",
+    "opentype/dancingscript/DancingScript-Bold.otf",
 )
-SCRIPT_FONTS = TEST_FONTS[:5]  # FreeFont has the Greek, Cyrillic and Hebrew letters
-HELD_OUT_PACKAGES = "fonts-liberation fonts-freefont-ttf fonts-humor-sans fonts-comic-neue"
-CANVAS = 112  # side of the drawing canvas for strokes and letters
-FIELD = 64  # side of the blank, near-blank and texture canvases
+FONT_PACKAGES = {  # the Debian package of each font folder, to name in an error
+    "freefont": "fonts-freefont-ttf", "humor-sans": "fonts-humor-sans", "comic-neue": "fonts-comic-neue",
+    "urw-base35": "fonts-urw-base35", "breip": "fonts-breip", "fifthhorseman": "fonts-dkg-handwriting",
+    "femkeklaver": "fonts-femkeklaver", "liberation": "fonts-liberation", "rufscript": "fonts-rufscript",
+    "tomsontalks": "fonts-tomsontalks", "crosextra": "fonts-crosextra-carlito fonts-crosextra-caladea",
+    "open-sans": "fonts-open-sans", "cantarell": "fonts-cantarell", "ebgaramond": "fonts-ebgaramond",
+    "tlwg": "fonts-tlwg-purisa-ttf", "andika": "fonts-sil-andika", "comfortaa": "fonts-comfortaa",
+    "gentium": "fonts-sil-gentium", "ezra": "fonts-sil-ezra", "linux-libertine": "fonts-linuxlibertine",
+    "kristi": "fonts-kristi", "dancingscript": "fonts-dancingscript",
+}  # fmt: skip
+ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
+FIELD = shapes.FIELD
 
 
 class FontMissing(FileNotFoundError):
-    """The DejaVu fonts are not installed."""
+    """A font a set draws with is not installed."""
 
 
 def font_paths() -> list[Path]:
@@ -92,75 +117,65 @@ def font_paths() -> list[Path]:
     return paths
 
 
-def held_out_fonts(names: tuple[str, ...]) -> list[Path]:
-    paths = [FONT_ROOT / name for name in names]
-    missing = [p for p in paths if not p.is_file()]
-    if missing:
-        packages = (
-            CONFIRMATION_PACKAGES if set(names) <= {*CONFIRMATION_FONTS, *HANDWRITING_FONTS} else HELD_OUT_PACKAGES
-        )
-        raise FontMissing(f"held-out sets need Debian's {packages}; missing {', '.join(map(str, missing))}")
-    return paths
-
-
-def _glyph(rng: np.random.Generator, chars: str, paths: list[Path]) -> np.ndarray:
-    """One character of `chars` in one of the fonts, 80 px on a 112 canvas, turned by up to 10 degrees."""
-    char = chars[rng.integers(len(chars))]
-    font = ImageFont.truetype(str(paths[rng.integers(len(paths))]), 80)
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
-    return np.asarray(canvas.rotate(float(rng.uniform(-10, 10)), resample=Image.Resampling.BILINEAR)) / 255.0
-
-
-def _uniform(rng: np.random.Generator) -> np.ndarray:
-    return rng.uniform(0, 1, (28, 28))
-
-
-def _gaussian(rng: np.random.Generator) -> np.ndarray:
-    return np.clip(rng.normal(0.5, 0.2, (28, 28)), 0, 1)
-
-
-def _blank(rng: np.random.Generator) -> np.ndarray:
-    return np.full((FIELD, FIELD), rng.uniform(0, 1))
-
-
-def _near_blank(rng: np.random.Generator) -> np.ndarray:
-    """A blank page with one to three specks of 1-2 pixels."""
-    field = np.zeros((FIELD, FIELD))
-    for _ in range(rng.integers(1, 4)):
-        r, c = rng.integers(0, FIELD, 2)
-        field[r : r + rng.integers(1, 3), c : c + rng.integers(1, 3)] = rng.uniform(0.3, 1)
-    return field
-
-
-def _strokes(rng: np.random.Generator) -> np.ndarray:
-    """Two to five random polylines, 6-11 pixels wide on a 112 canvas."""
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    draw = ImageDraw.Draw(canvas)
-    for _ in range(rng.integers(2, 6)):
-        points = [tuple(int(v) for v in rng.integers(0, CANVAS, 2)) for _ in range(rng.integers(2, 5))]
-        draw.line(points, fill=255, width=int(rng.integers(6, 12)))
-    return np.asarray(canvas) / 255.0
-
-
-def _letter(rng: np.random.Generator) -> np.ndarray:
-    paths = font_paths()
-    char = LETTERS[rng.integers(len(LETTERS))]
-    font = ImageFont.truetype(str(paths[rng.integers(len(paths))]), 80)
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
-    return np.asarray(canvas) / 255.0
-
-
-def _varied(rng: np.random.Generator, chars: str) -> np.ndarray:
-    """A character in any of the DejaVu faces, then sheared by up to 0.3, turned by up to 15 degrees and
-    thickened or thinned: the fitting letters vary as handwriting and other typefaces do."""
+def varied_font_paths() -> list[Path]:
     paths = [FONT_DIR / name for name in VARIED_FONT_FILES]
     missing = [p for p in paths if not p.is_file()]
     if missing:
         raise FontMissing(f"varied letters need {FONT_PACKAGE} and {VARIED_FONT_PACKAGE}; missing {missing[0]}")
-    char = chars[rng.integers(len(chars))]
-    font = ImageFont.truetype(str(paths[rng.integers(len(paths))]), int(rng.integers(60, 90)))
+    return paths
+
+
+def held_out_fonts(names: tuple[str, ...]) -> list[Path]:
+    """The fonts of `names` (paths under FONT_ROOT); FontMissing names the Debian packages of those absent."""
+    paths = [FONT_ROOT / name for name in names]
+    missing = [(p, name) for p, name in zip(paths, names, strict=True) if not p.is_file()]
+    if missing:
+        packages = sorted({FONT_PACKAGES.get(Path(name).parts[1], "?") for _, name in missing})
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise FontMissing(f"these sets need Debian's {' '.join(packages)}; missing {missing[0][0]}{more}")
+    return paths
+
+
+@lru_cache(maxsize=4096)
+def has_glyph(path: Path, char: str) -> bool:
+    """Whether the font draws `char` as itself, not as its missing-glyph box (compared with a private-use code)."""
+    font = ImageFont.truetype(str(path), 40)
+    drawn, missing = font.getmask(char), font.getmask("\U0010fffd")
+    return not (drawn.size == missing.size and bytes(drawn) == bytes(missing))
+
+
+def _pick(rng: np.random.Generator, chars: str, paths: list[Path]) -> tuple[str, Path]:
+    """A character of `chars` and, among `paths`, a font that has its glyph (another character if none has)."""
+    for _ in range(100):
+        char = chars[rng.integers(len(chars))]
+        fonts = [p for p in paths if has_glyph(p, char)]
+        if fonts:
+            return char, fonts[rng.integers(len(fonts))]
+    raise FontMissing(f"none of {', '.join(p.name for p in paths)} has a glyph of {chars!r}")
+
+
+def _glyph(rng: np.random.Generator, chars: str, paths: list[Path]) -> np.ndarray:
+    """One character of `chars` in one of the fonts, 80 px on a 112 canvas, turned by up to 10 degrees."""
+    char, path = _pick(rng, chars, paths)
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=ImageFont.truetype(str(path), 80),
+                                anchor="mm")  # fmt: skip
+    return np.asarray(canvas.rotate(float(rng.uniform(-10, 10)), resample=Image.Resampling.BILINEAR)) / 255.0
+
+
+def _letter(rng: np.random.Generator) -> np.ndarray:
+    char, path = _pick(rng, LETTERS, font_paths())
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=ImageFont.truetype(str(path), 80),
+                                anchor="mm")  # fmt: skip
+    return np.asarray(canvas) / 255.0
+
+
+def varied(rng: np.random.Generator, chars: str, paths: list[Path]) -> np.ndarray:
+    """A character in one of the fonts, then sheared by up to 0.3, turned by up to 15 degrees and thickened or
+    thinned: the fitting letters vary as handwriting and other typefaces do."""
+    char, path = _pick(rng, chars, paths)
+    font = ImageFont.truetype(str(path), int(rng.integers(60, 90)))
     canvas = Image.new("L", (CANVAS, CANVAS), 0)
     ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
     shear = float(rng.uniform(-0.3, 0.3))
@@ -176,133 +191,81 @@ def _varied(rng: np.random.Generator, chars: str) -> np.ndarray:
 
 
 def _varied_letter(rng: np.random.Generator) -> np.ndarray:
-    return _varied(rng, LETTERS)
-
-
-def elastic(picture: np.ndarray, rng: np.random.Generator, shift: float = 9.0, knots: int = 5) -> np.ndarray:
-    """`picture` (H, W) bent by a smooth random displacement (up to about `shift` pixels), as handwriting bends
-    type: a `knots` x `knots` grid of random shifts, upsampled bilinearly, each pixel read from where it points."""
-    h, w = picture.shape
-    field = []
-    for _ in range(2):
-        coarse = Image.fromarray(rng.uniform(-shift, shift, (knots, knots)).astype(np.float32), mode="F")
-        field.append(np.asarray(coarse.resize((w, h), Image.Resampling.BILINEAR)))
-    rows, columns = np.mgrid[0:h, 0:w]
-    r = np.clip(np.rint(rows + field[0]), 0, h - 1).astype(int)
-    c = np.clip(np.rint(columns + field[1]), 0, w - 1).astype(int)
-    return picture[r, c]
+    return varied(rng, LETTERS, varied_font_paths())
 
 
 def _handwritten_letter(rng: np.random.Generator) -> np.ndarray:
     """A varied letter bent elastically: letters as a hand might draw them."""
-    return elastic(_varied(rng, LETTERS), rng)
+    return elastic(varied(rng, LETTERS, varied_font_paths()), rng)
 
 
 def _varied_symbol(rng: np.random.Generator) -> np.ndarray:
-    return _varied(rng, SYMBOLS + OTHER_SCRIPTS_FIT)
+    return varied(rng, SYMBOLS + SCRIPTS_FIT, varied_font_paths())
 
 
 def _symbol(rng: np.random.Generator) -> np.ndarray:
     return _glyph(rng, SYMBOLS, font_paths())
 
 
-def _scribble(rng: np.random.Generator) -> np.ndarray:
-    """One to three smooth random curves (cubic Bezier chains), 5-12 pixels wide on a 112 canvas."""
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    draw = ImageDraw.Draw(canvas)
-    t = np.linspace(0, 1, 24)[:, None]
-    for _ in range(rng.integers(1, 4)):
-        points = rng.uniform(8, CANVAS - 8, (3 * int(rng.integers(1, 4)) + 1, 2))
-        curve = []
-        for i in range(0, len(points) - 1, 3):
-            p0, p1, p2, p3 = points[i : i + 4]
-            curve += (((1 - t) ** 3) * p0 + 3 * (1 - t) ** 2 * t * p1 + 3 * (1 - t) * t**2 * p2 + t**3 * p3).tolist()
-        draw.line([tuple(p) for p in curve], fill=255, width=int(rng.integers(5, 13)), joint="curve")
-    return np.asarray(canvas) / 255.0
+Draw = Callable[[np.random.Generator], np.ndarray]
 
 
-def _grating(rng: np.random.Generator) -> np.ndarray:
-    """A texture of another kind than 1/f noise: a sum of two or three sinusoidal gratings, or a checkerboard."""
-    y, x = np.mgrid[0:FIELD, 0:FIELD] / FIELD
-    if rng.random() < 0.3:
-        k = int(rng.integers(3, 12))
-        return ((np.floor(x * k) + np.floor(y * k)) % 2).astype(np.float64)
-    field = sum(
-        np.sin(2 * np.pi * rng.uniform(2, 12) * (np.cos(a) * x + np.sin(a) * y) + rng.uniform(0, 2 * np.pi))
-        for a in rng.uniform(0, np.pi, rng.integers(2, 4))
-    )
-    field = np.asarray(field, np.float64)
-    return (field - field.min()) / (field.max() - field.min())
+def _fonts_set(chars: str, fonts: tuple[str, ...], how: str = "plain") -> Draw:
+    """Characters in `fonts`: as typeset (plain), varied, or varied and bent (bent)."""
 
-
-def _noise(rng: np.random.Generator) -> np.ndarray:
-    """Uniform, Gaussian or salt-and-pepper noise, on a 28 or 64 canvas."""
-    side = int(rng.choice([28, FIELD]))
-    kind = rng.integers(3)
-    if kind == 0:
-        return rng.uniform(0, 1, (side, side))
-    if kind == 1:
-        return np.clip(rng.normal(0.5, rng.uniform(0.1, 0.3), (side, side)), 0, 1)
-    return (rng.random((side, side)) < rng.uniform(0.05, 0.5)).astype(np.float64)
-
-
-def _fonts_set(chars: str, fonts: tuple[str, ...]) -> Callable[[np.random.Generator], np.ndarray]:
     def draw(rng: np.random.Generator) -> np.ndarray:
-        return _glyph(rng, chars, held_out_fonts(fonts))
+        paths = held_out_fonts(fonts)
+        if how == "plain":
+            return _glyph(rng, chars, paths)
+        picture = varied(rng, chars, paths)
+        return elastic(picture, rng) if how == "bent" else picture
 
     return draw
 
 
-def _bent_fonts_set(chars: str, fonts: tuple[str, ...]) -> Callable[[np.random.Generator], np.ndarray]:
-    def draw(rng: np.random.Generator) -> np.ndarray:
-        return elastic(_glyph(rng, chars, held_out_fonts(fonts)), rng)
-
-    return draw
-
-
-def _texture(rng: np.random.Generator) -> np.ndarray:
-    """Natural-image-like 1/f^a noise (a in [1.5, 2.5] in power), rescaled to [0, 1]."""
-    freq = np.fft.fftfreq(FIELD)[:, None] ** 2 + np.fft.fftfreq(FIELD)[None, :] ** 2
-    noise = rng.normal(size=(FIELD, FIELD)) + 1j * rng.normal(size=(FIELD, FIELD))
-    field = np.real(np.fft.ifft2(noise / np.maximum(freq, 1e-4) ** rng.uniform(0.75, 1.25)))
-    return (field - field.min()) / (field.max() - field.min())
-
-
-NONDIGIT_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {
-    "uniform": _uniform,
-    "gaussian": _gaussian,
-    "blank": _blank,
-    "near_blank": _near_blank,
-    "strokes": _strokes,
+NONDIGIT_SETS: dict[str, Draw] = {
+    "uniform": shapes.uniform,
+    "gaussian": shapes.gaussian,
+    "blank": shapes.blank,
+    "near_blank": shapes.near_blank,
+    "strokes": shapes.strokes,
     "letters": _letter,
-    "textures": _texture,
+    "textures": shapes.texture,
     "symbols": _symbol,
     "varied_letters": _varied_letter,
     "varied_symbols": _varied_symbol,
     "handwritten_letters": _handwritten_letter,
+    "font_letters": _fonts_set(LETTERS, FIT_FONTS, "varied"),
+    "bent_font_letters": _fonts_set(LETTERS, FIT_FONTS, "bent"),
+    "font_symbols": _fonts_set(SYMBOLS + SCRIPTS_FIT, FIT_FONTS, "varied"),
+    "scribbles": shapes.scribble,
+    "gratings": shapes.grating,
+    "noise": shapes.noise,
 }
-VALIDATION_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # another seed, other fonts
+VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
     "symbols": _fonts_set(SYMBOLS, VALIDATION_FONTS),
-    "strokes": _strokes,
-    "near_blank": _near_blank,
-    "textures": _texture,
-    "bent_letters": _bent_fonts_set(LETTERS, VALIDATION_FONTS),  # as a hand might draw them
+    "bent_letters": _fonts_set(LETTERS, VALIDATION_FONTS, "bent"),  # as a hand might draw them
+    "handwritten_letters": _fonts_set(LETTERS, VALIDATION_HANDWRITING),
+    "strokes": shapes.strokes,
+    "scribbles": shapes.scribble,
+    "near_blank": shapes.near_blank,
+    "textures": shapes.texture,
 }
-TEST_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # fonts and generators used for nothing else
+TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
-    "other_scripts": _fonts_set(OTHER_SCRIPTS, SCRIPT_FONTS),
+    "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": _strokes,
-    "scribbles": _scribble,
-    "textures": _grating,
-    "noise": _noise,
-    "blank": _blank,
-    "near_blank": _near_blank,
+    "strokes": shapes.pen_strokes,
+    "scribbles": shapes.doodles,
+    "textures": shapes.cells,
+    "noise": shapes.field_noise,
+    "blank": shapes.pages,
+    "near_blank": shapes.dust,
 }
-CONFIRMATION_SETS: dict[str, Callable[[np.random.Generator], np.ndarray]] = {  # fonts used by nothing else
+CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),
-    "handwritten_letters": _fonts_set(LETTERS, HANDWRITING_FONTS),
+    "handwritten_letters": _fonts_set(LETTERS, CONFIRMATION_HANDWRITING),
     "symbols": _fonts_set(SYMBOLS, CONFIRMATION_FONTS),
 }
 ROLES = {
@@ -310,6 +273,7 @@ ROLES = {
     "validation": (VALIDATION_SETS, 1),
     "test": (TEST_SETS, 2),
     "confirmation": (CONFIRMATION_SETS, 3),
+    "network": (NONDIGIT_SETS, 4),  # the fitting sets, other images: those the pattern network learns from
 }
 
 
@@ -320,8 +284,8 @@ def to_model_input(picture: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def make_set(name: str, n: int, seed: int, shape: tuple[int, ...] = (1, 28, 28), role: str = "fit") -> np.ndarray:
-    """n preprocessed images (n, *shape) of one set of a role (fit, validation, test); the same (name, n, seed,
-    role) always gives the same images, and each role draws from its own random stream."""
+    """n preprocessed images (n, *shape) of one set of a role (fit, network, validation, test, confirmation); the
+    same (name, n, seed, role) always gives the same images, and each role draws from its own random stream."""
     sets, stream = ROLES[role]
     if name not in sets:
         raise ValueError(f"unknown {role} non-digit set {name!r}; choose one of {sorted(sets)}")

@@ -113,8 +113,12 @@ def test_validation_and_test_sets_are_seeded_and_differ_from_the_fitting_sets(ro
 
 def test_missing_held_out_fonts_name_the_packages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(nondigits, "FONT_ROOT", tmp_path)
-    with pytest.raises(FontMissing, match="held-out sets need Debian's fonts-liberation fonts-freefont-ttf"):
+    with pytest.raises(FontMissing, match=r"sets need Debian's fonts-liberation; missing .*Sans-Regular\.ttf and 3"):
+        make_set("letters", 1, seed=0, role="validation")
+    with pytest.raises(FontMissing, match="need Debian's fonts-cantarell fonts-comfortaa fonts-crosextra-carlito"):
         make_set("letters", 1, seed=0, role="test")
+    with pytest.raises(FontMissing, match="need Debian's fonts-breip fonts-comic-neue fonts-dkg-handwriting"):
+        make_set("font_letters", 1, seed=0)
     with pytest.raises(ValueError, match="unknown validation non-digit set 'noise'"):
         make_set("noise", 1, seed=0, role="validation")
 
@@ -137,14 +141,17 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
     )
     assert report["chosen"] in ood_fitted.CANDIDATES
     fitting = report["fitting"]["non_digits"]
-    assert fitting["varied_letters"] == 4 and 0 < fitting["turned_training_digits"] <= 12
-    assert report["fitting"]["network"].startswith("54 digits against")  # 30 training and 24 combiner digits
+    assert fitting["varied_letters"] == 3 and 0 < fitting["turned_training_digits"] <= 4  # the combiner's
+    network = report["fitting"]["network_non_digits"]  # other images of the same sets: the network's own
+    assert network["varied_letters"] == 4 and 0 < network["turned_training_digits"] <= 12
+    assert report["fitting"]["network"].startswith("30 digits against")  # training digits only
     assert set(report["validation"]["candidates"]) == set(ood_fitted.CANDIDATES)
     card = json.loads((tiny_model / "model.json").read_text())["ood"]
     calibration = OODCalibration.from_card(card)
     assert calibration.combiner is not None and card["threshold"] == report["threshold"]
     assert set(card["gaussians"]) == {"pose_distance", "scores_distance"} & set(report["features"])
     assert "20 MNIST test digits drawn at random (seed 0) as the validation" in card["threshold_rule"]
+    assert card["digit_split"] == {"seed": 0, "combiner": 24, "validation": 20}
     assert report["mnist_test"]["n"] == 20  # the test digits neither the combiner nor the validation drew
     assert any(cache.iterdir())  # the model's outputs kept for the next run
     printed = capsys.readouterr().out
@@ -235,7 +242,7 @@ def test_confirm_scores_the_served_card_on_the_confirmation_sets_and_changes_not
 
 def test_confirmation_fonts_missing_name_their_packages(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(nondigits, "FONT_ROOT", tmp_path)
-    with pytest.raises(FontMissing, match="fonts-urw-base35 fonts-breip"):
+    with pytest.raises(FontMissing, match="need Debian's fonts-dancingscript fonts-kristi; missing"):
         make_set("handwritten_letters", 1, seed=0, role="confirmation")
 
 
@@ -260,3 +267,20 @@ def test_validation_only_writes_nothing_and_a_test_seed_changes_only_the_test_im
     assert a["threshold"] == b["threshold"] and a["combiner"] == b["combiner"]  # the same fit
     assert a["mnist_test"] == b["mnist_test"]  # the same test digits
     assert a["sets"]["letters"] != b["sets"]["letters"] or a["sets"]["noise"] != b["sets"]["noise"]
+
+
+@needs_fonts
+@pytest.mark.usefixtures("dejavu_for_held_out")
+def test_confirm_reports_the_digits_the_card_left_out_whatever_the_command_line_says(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
+    monkeypatch.chdir(tmp_path)
+    tiny_model = own_copy(tiny_model, tmp_path)
+    assert ood.main([*tiny_fit(tiny_model, data), "--write-card", "--json", str(tmp_path / "fit.json")]) == 0
+    fitted = json.loads((tmp_path / "fit.json").read_text())
+    other = ["--model", str(tiny_model), "--data-dir", str(data), "--combiner", "10", "--validation", "10"]
+    assert ood.main([*other, "--confirm", "--per-set", "2", "--json", str(tmp_path / "confirm.json")]) == 0
+    report = json.loads((tmp_path / "confirm.json").read_text())
+    assert report["digit_split"] == {"seed": 0, "combiner": 24, "validation": 20}
+    assert report["mnist_test"] == fitted["mnist_test"]  # the same 20 reported digits, scored the same

@@ -1,0 +1,226 @@
+"""Drawn non-digits that need no font: noise, blank pages, strokes, scribbles and textures, each on its own canvas.
+
+The generators of each role are listed in `training.ood.nondigits`. Those the reported test sets use
+(`pen_strokes`, `doodles`, `cells`, `field_noise`, `pages`, `dust`) draw nothing any fitting or validation
+set draws: other shapes, other noise, other page sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+CANVAS = 112  # side of the drawing canvas for strokes and letters
+FIELD = 64  # side of the blank, near-blank and texture canvases
+
+
+def uniform(rng: np.random.Generator) -> np.ndarray:
+    return rng.uniform(0, 1, (28, 28))
+
+
+def gaussian(rng: np.random.Generator) -> np.ndarray:
+    return np.clip(rng.normal(0.5, 0.2, (28, 28)), 0, 1)
+
+
+def blank(rng: np.random.Generator) -> np.ndarray:
+    return np.full((FIELD, FIELD), rng.uniform(0, 1))
+
+
+def near_blank(rng: np.random.Generator) -> np.ndarray:
+    """A blank page with one to three specks of 1-2 pixels."""
+    field = np.zeros((FIELD, FIELD))
+    for _ in range(rng.integers(1, 4)):
+        r, c = rng.integers(0, FIELD, 2)
+        field[r : r + rng.integers(1, 3), c : c + rng.integers(1, 3)] = rng.uniform(0.3, 1)
+    return field
+
+
+def strokes(rng: np.random.Generator) -> np.ndarray:
+    """Two to five random polylines, 6-11 pixels wide on a 112 canvas."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    for _ in range(rng.integers(2, 6)):
+        points = [tuple(int(v) for v in rng.integers(0, CANVAS, 2)) for _ in range(rng.integers(2, 5))]
+        draw.line(points, fill=255, width=int(rng.integers(6, 12)))
+    return np.asarray(canvas) / 255.0
+
+
+def scribble(rng: np.random.Generator) -> np.ndarray:
+    """One to three smooth random curves (cubic Bezier chains), 5-12 pixels wide on a 112 canvas."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    t = np.linspace(0, 1, 24)[:, None]
+    for _ in range(rng.integers(1, 4)):
+        points = rng.uniform(8, CANVAS - 8, (3 * int(rng.integers(1, 4)) + 1, 2))
+        curve = []
+        for i in range(0, len(points) - 1, 3):
+            p0, p1, p2, p3 = points[i : i + 4]
+            curve += (((1 - t) ** 3) * p0 + 3 * (1 - t) ** 2 * t * p1 + 3 * (1 - t) * t**2 * p2 + t**3 * p3).tolist()
+        draw.line([tuple(p) for p in curve], fill=255, width=int(rng.integers(5, 13)), joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def grating(rng: np.random.Generator) -> np.ndarray:
+    """A sum of two or three sinusoidal gratings, or a checkerboard."""
+    y, x = np.mgrid[0:FIELD, 0:FIELD] / FIELD
+    if rng.random() < 0.3:
+        k = int(rng.integers(3, 12))
+        return ((np.floor(x * k) + np.floor(y * k)) % 2).astype(np.float64)
+    field = sum(
+        np.sin(2 * np.pi * rng.uniform(2, 12) * (np.cos(a) * x + np.sin(a) * y) + rng.uniform(0, 2 * np.pi))
+        for a in rng.uniform(0, np.pi, rng.integers(2, 4))
+    )
+    return _rescaled(np.asarray(field, np.float64))
+
+
+def noise(rng: np.random.Generator) -> np.ndarray:
+    """Uniform, Gaussian or salt-and-pepper noise, on a 28 or 64 canvas."""
+    side = int(rng.choice([28, FIELD]))
+    kind = rng.integers(3)
+    if kind == 0:
+        return rng.uniform(0, 1, (side, side))
+    if kind == 1:
+        return np.clip(rng.normal(0.5, rng.uniform(0.1, 0.3), (side, side)), 0, 1)
+    return (rng.random((side, side)) < rng.uniform(0.05, 0.5)).astype(np.float64)
+
+
+def texture(rng: np.random.Generator) -> np.ndarray:
+    """Natural-image-like 1/f^a noise (a in [1.5, 2.5] in power), rescaled to [0, 1]."""
+    freq = np.fft.fftfreq(FIELD)[:, None] ** 2 + np.fft.fftfreq(FIELD)[None, :] ** 2
+    field = rng.normal(size=(FIELD, FIELD)) + 1j * rng.normal(size=(FIELD, FIELD))
+    return _rescaled(np.real(np.fft.ifft2(field / np.maximum(freq, 1e-4) ** rng.uniform(0.75, 1.25))))
+
+
+def elastic(picture: np.ndarray, rng: np.random.Generator, shift: float = 9.0, knots: int = 5) -> np.ndarray:
+    """`picture` (H, W) bent by a smooth random displacement (up to about `shift` pixels), as handwriting bends
+    type: a `knots` x `knots` grid of random shifts, upsampled bilinearly, each pixel read from where it points."""
+    h, w = picture.shape
+    field = []
+    for _ in range(2):
+        coarse = Image.fromarray(rng.uniform(-shift, shift, (knots, knots)).astype(np.float32), mode="F")
+        field.append(np.asarray(coarse.resize((w, h), Image.Resampling.BILINEAR)))
+    rows, columns = np.mgrid[0:h, 0:w]
+    r = np.clip(np.rint(rows + field[0]), 0, h - 1).astype(int)
+    c = np.clip(np.rint(columns + field[1]), 0, w - 1).astype(int)
+    return picture[r, c]
+
+
+# The test sets' generators: nothing above draws these.
+
+
+def pen_strokes(rng: np.random.Generator) -> np.ndarray:
+    """Two to four pen strokes: paths of short steps whose heading turns smoothly (a random curvature that
+    drifts), 4-10 pixels wide on a 112 canvas, as a hand moves a pen without writing anything."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    for _ in range(rng.integers(2, 5)):
+        point = rng.uniform(20, CANVAS - 20, 2)
+        heading, curvature = rng.uniform(0, 2 * np.pi), rng.uniform(-0.12, 0.12)
+        path = [tuple(point)]
+        for _ in range(rng.integers(15, 40)):
+            curvature = float(np.clip(curvature + rng.normal(0, 0.04), -0.2, 0.2))
+            heading += curvature
+            point = np.clip(point + rng.uniform(3, 5) * np.array([np.cos(heading), np.sin(heading)]), 2, CANVAS - 2)
+            path.append(tuple(point))
+        draw.line(path, fill=255, width=int(rng.integers(4, 11)), joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def _curve(rng: np.random.Generator) -> np.ndarray:
+    """The points (N, 2) of one doodle in [-1, 1]: a spiral, a zig-zag, a chain of loops or hatching."""
+    kind = rng.integers(4)
+    if kind == 0:  # an Archimedean spiral of 1.5 to 3.5 turns
+        t = np.linspace(0, 2 * np.pi * rng.uniform(1.5, 3.5), 160)
+        r = t / t[-1]
+        return np.stack([r * np.cos(t), rng.uniform(0.6, 1.0) * r * np.sin(t)], axis=1)
+    if kind == 1:  # a zig-zag of 4 to 9 teeth
+        teeth = int(rng.integers(4, 10))
+        x = np.linspace(-1, 1, 2 * teeth + 1)
+        return np.stack([x, rng.uniform(0.2, 0.8) * np.where(np.arange(len(x)) % 2, 1.0, -1.0)], axis=1)
+    if kind == 2:  # a chain of 3 to 6 loops, as a pen tests itself (a prolate cycloid)
+        loops = int(rng.integers(3, 7))
+        t = np.linspace(0, 2 * np.pi * loops, 40 * loops)
+        x, y = t - rng.uniform(1.5, 3.0) * np.sin(t), -np.cos(t)
+        return np.stack([2 * (x - x.min()) / (x.max() - x.min()) - 1, rng.uniform(0.3, 0.7) * y], axis=1)
+    lines = int(rng.integers(4, 9))  # hatching: parallel strokes joined end to start, as one pen movement
+    ends = np.linspace(-1, 1, lines)
+    return np.array([p for k, v in enumerate(ends) for p in ([v, -1], [v, 1])[:: 1 if k % 2 == 0 else -1]], float)
+
+
+def doodles(rng: np.random.Generator) -> np.ndarray:
+    """One or two doodles (a spiral, a zig-zag, a chain of loops or hatching), each turned, scaled and placed at
+    random, 4-9 pixels wide on a 112 canvas."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    for _ in range(rng.integers(1, 3)):
+        angle = rng.uniform(0, 2 * np.pi)
+        turn = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+        points = _curve(rng) @ turn.T * rng.uniform(25, 45) + rng.uniform(40, CANVAS - 40, 2)
+        draw.line([tuple(p) for p in points], fill=255, width=int(rng.integers(4, 10)), joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def cells(rng: np.random.Generator) -> np.ndarray:
+    """A texture of another kind than 1/f noise or gratings: the edges of random (Voronoi) cells, a jittered grid of
+    dots, or plaid (stripes of random widths both ways)."""
+    y, x = np.mgrid[0:FIELD, 0:FIELD].astype(np.float64)
+    kind = rng.integers(3)
+    if kind == 0:
+        seeds = rng.uniform(0, FIELD, (int(rng.integers(8, 30)), 2))
+        d = np.sort(np.hypot(y[..., None] - seeds[:, 0], x[..., None] - seeds[:, 1]), axis=-1)
+        return (d[..., 1] - d[..., 0] < rng.uniform(1.0, 3.0)).astype(np.float64)
+    if kind == 1:
+        step = rng.uniform(6, 14)
+        centres = np.mgrid[0 : FIELD + step : step, 0 : FIELD + step : step].reshape(2, -1).T
+        centres = centres + rng.normal(0, step / 6, centres.shape)
+        d = np.min(np.hypot(y[..., None] - centres[:, 0], x[..., None] - centres[:, 1]), axis=-1)
+        return (d < rng.uniform(0.2, 0.4) * step).astype(np.float64)
+    rows = np.repeat(rng.uniform(0, 1, FIELD // 2 + 1), rng.integers(1, 5, FIELD // 2 + 1))[:FIELD]
+    columns = np.repeat(rng.uniform(0, 1, FIELD // 2 + 1), rng.integers(1, 5, FIELD // 2 + 1))[:FIELD]
+    rows, columns = np.resize(rows, FIELD), np.resize(columns, FIELD)
+    return (rows[:, None] + columns[None, :]) / 2
+
+
+def field_noise(rng: np.random.Generator) -> np.ndarray:
+    """Noise of other kinds than uniform, Gaussian or salt-and-pepper: smooth (blurred) noise at a random scale,
+    impulses on a gray page, or scan lines (each row, or each column, of its own gray)."""
+    side = int(rng.choice([40, FIELD, 96]))
+    kind = rng.integers(3)
+    if kind == 0:
+        raw = Image.fromarray((rng.uniform(0, 255, (side, side))).astype(np.uint8))
+        blurred = np.asarray(raw.filter(ImageFilter.GaussianBlur(float(rng.uniform(1, 4)))), np.float64)
+        return _rescaled(blurred)
+    if kind == 1:
+        page = np.full((side, side), rng.uniform(0.3, 0.7))
+        hit = rng.random((side, side)) < rng.uniform(0.02, 0.2)
+        page[hit] = rng.integers(0, 2, int(hit.sum()))
+        return page
+    lines = np.repeat(rng.uniform(0, 1, (side, 1)), side, axis=1)
+    return lines if rng.random() < 0.5 else lines.T
+
+
+def pages(rng: np.random.Generator) -> np.ndarray:
+    """A blank page of one gray, of random height and width (16 to 200 pixels): photographs and scans are rarely
+    square."""
+    return np.full(tuple(int(v) for v in rng.integers(16, 201, 2)), rng.uniform(0, 1))
+
+
+def dust(rng: np.random.Generator) -> np.ndarray:
+    """A near-blank page of random size (48 to 128 pixels): four to ten single-pixel dots, or one or two faint soft
+    smudges (Gaussian, 1 to 2.5 pixels)."""
+    h, w = (int(v) for v in rng.integers(48, 129, 2))
+    page = np.zeros((h, w))
+    if rng.random() < 0.5:
+        n = int(rng.integers(4, 11))
+        page[rng.integers(0, h, n), rng.integers(0, w, n)] = rng.uniform(0.2, 1, n)
+        return page
+    y, x = np.mgrid[0:h, 0:w]
+    for _ in range(rng.integers(1, 3)):
+        r, c, s = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(1, 2.5)
+        page += rng.uniform(0.2, 0.6) * np.exp(-((y - r) ** 2 + (x - c) ** 2) / (2 * s * s))
+    return np.clip(page, 0, 1)
+
+
+def _rescaled(field: np.ndarray) -> np.ndarray:
+    span = field.max() - field.min()
+    return (field - field.min()) / span if span > 0 else np.zeros_like(field)
