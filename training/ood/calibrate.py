@@ -38,6 +38,7 @@ from training.ood.fitted import (
     training_split,
     write_ood_calibration,
 )  # fmt: skip
+from training.ood.network import HIDDEN
 from training.ood.nondigits import NONDIGIT_SETS, make_set
 from training.options import add_data_dir
 
@@ -281,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--combiner",
         type=int,
         default=DEFAULT_COMBINER,
-        help=f"MNIST test digits (drawn at random) that fit the combiner (default: {DEFAULT_COMBINER})",
+        help="MNIST test digits (drawn at random) set aside for fitting: unseen digits for the pattern network, and "
+        "the combiner's digits when the model held out no training images (default: %(default)s)",
     )
     p.add_argument(
         "--val-split",
@@ -313,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--network-per-set", type=int, default=DEFAULT_NETWORK_PER_SET,
         help=f"images of each fitting non-digit set the network learns from (default: {DEFAULT_NETWORK_PER_SET})",
+    )  # fmt: skip
+    p.add_argument(
+        "--network-hidden", type=int, default=HIDDEN,
+        help="units in each of the pattern network's two hidden layers (default: %(default)s)",
     )  # fmt: skip
     p.add_argument(
         "--network-turned", type=int, default=DEFAULT_NETWORK_TURNED,
@@ -396,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                 network_digits=200 if args.dry_run else args.network_digits,
                 network_per_set=20 if args.dry_run else args.network_per_set,
                 network_turned=60 if args.dry_run else args.network_turned, test_seed=args.test_seed,
+                network_hidden=args.network_hidden,
                 validation_only=args.validation_only,
             )  # fmt: skip
             text = validation_markdown(report) if args.validation_only else fitted_markdown(report)

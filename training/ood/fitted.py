@@ -11,6 +11,7 @@ scores use: the model's outputs (`ModelOutputs`, cached), quantile levels, AUROC
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from service.contract import (
     write_card,
 )
 from training.data.mnist import load_split, to_float
-from training.ood.network import fit_network
+from training.ood.network import HIDDEN, fit_network
 from training.ood.nondigits import ROLES, make_set, rotated_digits
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,12 @@ class ModelOutputs:
         self.batch = int((self.card.get("serving") or {}).get("max_batch_size") or BATCH)
 
     def run(self, images: np.ndarray, key: str | None = None) -> dict[str, np.ndarray]:
-        """Every output the score can use, by role (scores, poses, reconstruction, explanation)."""
-        file = None if self.cache is None or key is None else self.cache / f"{self.card['name']}-{key}.npz"
+        """Every output the score can use, by role (scores, poses, reconstruction, explanation). Cached outputs are
+        found by `key` and a digest of the images, so a changed image set is never answered from an old file."""
+        file = None
+        if self.cache is not None and key is not None:
+            digest = hashlib.sha1(np.ascontiguousarray(images).tobytes()).hexdigest()[:12]
+            file = self.cache / f"{self.card['name']}-{key}-{digest}.npz"
         if file is not None and file.is_file():
             with np.load(file) as saved:
                 return {k: saved[k] for k in saved.files}
@@ -339,6 +344,7 @@ def fit_and_evaluate(
     network_digits: int = 20000,
     network_per_set: int = 3000,
     network_turned: int = 8000,
+    network_hidden: int = HIDDEN,
     test_seed: int | None = None,
     validation_only: bool = False,
     cache: Path | None = None,
@@ -354,16 +360,17 @@ def fit_and_evaluate(
     model = ModelOutputs(model_dir, cache)
     shape = tuple(model.card["input"]["shape"][1:])
     train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
-    trained, _ = held_out(len(train), val_split, train_seed)
+    trained, held = held_out(len(train), val_split, train_seed)
     if not 0 < reference <= len(trained) or not 0 <= val_split < len(train):
         raise ValueError(f"--reference {reference} must be between 1 and the {len(trained)} trained images")
     comb_idx, val_idx, test_idx = test_split(len(test), combiner, validation, seed)
     ref_idx = trained[len(trained) - reference :]
     rest = trained[: len(trained) - reference]
-    if network_digits < 1 or network_per_set < 1 or network_turned < 3 or len(rest) == 0:
+    if network_digits < 1 or network_per_set < 1 or network_turned < 3 or network_hidden < 1 or len(rest) == 0:
         raise ValueError(
             f"the pattern network needs training digits besides the {reference} reference images (there are "
-            f"{len(rest)}), --network-digits and --network-per-set of 1 or more and --network-turned of 3 or more"
+            f"{len(rest)}), --network-digits, --network-per-set and --network-hidden of 1 or more and "
+            "--network-turned of 3 or more"
         )
     net_idx = np.sort(np.random.default_rng([seed, 1]).choice(rest, min(network_digits, len(rest)), replace=False))
 
@@ -393,7 +400,16 @@ def fit_and_evaluate(
     progress(f"model outputs: {reference} reference training images, fitting non-digits")
     ref = digits(train, ref_idx, f"train-ref-{reference}-{val_split}-{train_seed}")
     ref_description = f"{reference} MNIST training images the model trained on"
-    comb = test_part(comb_idx)
+    comb = test_part(comb_idx)  # unseen digits for the network
+    # The combiner learns from images the network never saw: the digits the model's training held out (the
+    # combiner's test digits when it held out none), other non-digits, other turned training digits.
+    if len(held):
+        held_digits = digits(train, held, f"train-held-{val_split}-{train_seed}")
+        combiner_digits = (held_digits[0], held_digits[1])
+        combiner_description = f"the {len(held)} MNIST training images the model held out (--val-split)"
+    else:
+        combiner_digits = (comb[0], comb[1])
+        combiner_description = f"the {combiner} MNIST test digits the network also learned from (no hold-out)"
 
     def turned_training(idx: np.ndarray, key: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
         images = np.concatenate([
@@ -402,7 +418,6 @@ def fit_and_evaluate(
         ])  # fmt: skip
         return model.run(images, f"train-turned-{len(idx)}-{key}-{val_split}-{train_seed}-{seed}"), images
 
-    # The combiner learns from images the network never saw: other non-digits, other turned training digits.
     fit_sets = nondigits("fit", per_set)
     others = np.setdiff1d(rest, net_idx)
     if len(others) >= 3:
@@ -415,8 +430,9 @@ def fit_and_evaluate(
     progress(f"fitting the pattern network on {', '.join(inputs)}")
     network = fit_network(
         inputs,
-        vectors(net_digits[0], net_digits[1], inputs),
+        np.concatenate([vectors(net_digits[0], net_digits[1], inputs), vectors(comb[0], comb[1], inputs)]),
         np.concatenate([vectors(o, i, inputs) for o, i in net_sets.values()]),
+        hidden=network_hidden,
         seed=seed,
     )
     progress(f"model outputs: the validation non-digits and {validation} validation test digits, turned")
@@ -428,7 +444,7 @@ def fit_and_evaluate(
     candidates: dict[str, Any] = {}
     for label, names in CANDIDATES.items():
         names = available(names, ref[0])
-        ood = fit_detector((*ref, ref_description), (comb[0], comb[1]), list(fit_sets.values()), names, network)
+        ood = fit_detector((*ref, ref_description), combiner_digits, list(fit_sets.values()), names, network)
         ood["threshold"] = float(np.percentile(scores_of(OODCalibration.from_card(ood), val[0], val[1]), percentile))
         result = evaluate_sets(OODCalibration.from_card(ood), val, val_sets)
         shares = [r["rejected"] for r in result["sets"].values()]
@@ -468,7 +484,9 @@ def fit_and_evaluate(
         "per_set": per_set,
         "fitting": {
             "network": network["fitted"],
-            "network_digits": f"{len(net_idx)} MNIST training images the model trained on (not the reference)",
+            "network_digits": f"{len(net_idx)} MNIST training images the model trained on (not the reference), "
+            f"and {combiner} MNIST test digits drawn at random (seed {seed})",
+            "combiner_digits": combiner_description,
             "network_non_digits": {name: len(images) for name, (_, images) in net_sets.items()},
             "non_digits": {name: len(images) for name, (_, images) in fit_sets.items()},
         },

@@ -41,7 +41,17 @@ def tiny_fit(model: Path, data: Path) -> list[str]:
     """capsnet-ood arguments that fit the tiny model on the tiny MNIST files in seconds."""
     args = ["--model", str(model), "--data-dir", str(data), "--reference", "60", "--combiner", "24"]
     args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90"]
-    return [*args, "--network-digits", "30", "--network-per-set", "4", "--network-turned", "12"]
+    return [
+        *args,
+        "--network-digits",
+        "30",
+        "--network-per-set",
+        "4",
+        "--network-turned",
+        "12",
+        "--network-hidden",
+        "16",
+    ]
 
 
 def own_copy(model: Path, tmp_path: Path) -> Path:
@@ -144,7 +154,8 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
     assert fitting["varied_letters"] == 3 and 0 < fitting["turned_training_digits"] <= 4  # the combiner's
     network = report["fitting"]["network_non_digits"]  # other images of the same sets: the network's own
     assert network["varied_letters"] == 4 and 0 < network["turned_training_digits"] <= 12
-    assert report["fitting"]["network"].startswith("30 digits against")  # training digits only
+    assert report["fitting"]["network"].startswith("54 digits against")  # 30 training and 24 unseen test digits
+    assert report["fitting"]["combiner_digits"].startswith("the 20 MNIST training images the model held out")
     assert set(report["validation"]["candidates"]) == set(ood_fitted.CANDIDATES)
     card = json.loads((tiny_model / "model.json").read_text())["ood"]
     calibration = OODCalibration.from_card(card)
@@ -284,3 +295,15 @@ def test_confirm_reports_the_digits_the_card_left_out_whatever_the_command_line_
     report = json.loads((tmp_path / "confirm.json").read_text())
     assert report["digit_split"] == {"seed": 0, "combiner": 24, "validation": 20}
     assert report["mnist_test"] == fitted["mnist_test"]  # the same 20 reported digits, scored the same
+
+
+def test_the_cache_never_answers_changed_images_with_old_outputs(tiny_model: Path, tmp_path: Path) -> None:
+    model = ood_fitted.ModelOutputs(tiny_model, tmp_path / "cache")
+    rng = np.random.default_rng(0)
+    first, second = rng.uniform(0, 1, (2, 3, 1, 28, 28)).astype(np.float32)
+    kept = model.run(first, "letters")
+    np.testing.assert_array_equal(model.run(first, "letters")["scores"], kept["scores"])  # from the file
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    changed = model.run(second, "letters")  # the same name, other images: computed afresh
+    np.testing.assert_array_equal(changed["scores"], ood_fitted.ModelOutputs(tiny_model).run(second)["scores"])
+    assert not np.array_equal(changed["scores"], kept["scores"])
