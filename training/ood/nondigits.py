@@ -1,23 +1,12 @@
 """Non-digit image sets for the "not a digit" score, generated here (no downloads), seeded.
 
-Every image is drawn on its own canvas and then passed through the service's preprocessing
-(`service.imaging.preprocess`: grayscale, polarity, stretch, crop, fit, centre of mass), exactly
-as an upload would be, so the sets measure what users of the service get. Each role has its own fonts and
-generators:
-
-- `NONDIGIT_SETS` fit the pattern network and the combiner: DejaVu in 14 faces, FreeFont, Humor Sans, Comic
-  Neue, URW base 35 and three handwriting fonts, varied and bent; polylines, Bézier scribbles, gratings, noise,
-  blank and near-blank pages, 1/f textures.
-- `VALIDATION_SETS` choose the detector and its threshold's features: Liberation and three other handwriting
-  fonts, and the fitting generators from another stream.
-- `TEST_SETS` are reported once: fonts (Carlito, Caladea, Open Sans, Cantarell, EB Garamond, Purisa, Andika,
-  Comfortaa, Gentium, Ezra SIL) and generators (`training.ood.shapes`: pen strokes, doodles, cells, field noise,
-  pages, dust) that no other role uses.
-- `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`): Linux Libertine and Biolinum, Kristi
-  and Dancing Script.
-
-Letters that are glyph twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; Greek iota and theta, Cyrillic
-be and che, ...) are left out of every set. A character is drawn only in the fonts that have its glyph.
+Every image is drawn on its own canvas and passed through the service's preprocessing (`service.imaging.preprocess`),
+exactly as an upload would be. Each role has its own fonts and generators: `NONDIGIT_SETS` fit the pattern network
+(role `network`, another stream) and the combiner; `VALIDATION_SETS` choose the detector; `TEST_SETS` are reported
+once and share no font, character or generator with any other role (the shapes of `training.ood.shapes`);
+`CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`). docs/not-a-digit.md lists them. Glyph
+twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav, ...) are in no set, and a
+character is drawn only in the fonts that have its glyph.
 """
 
 from __future__ import annotations

@@ -37,6 +37,13 @@ def dejavu_for_held_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nondigits, "held_out_fonts", lambda names: font_paths())
 
 
+@pytest.fixture
+def tiny_mnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Tiny MNIST files (120 training and 64 test images), with tmp_path as the working directory."""
+    monkeypatch.chdir(tmp_path)
+    return write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
+
+
 def tiny_fit(model: Path, data: Path) -> list[str]:
     """capsnet-ood arguments that fit the tiny model on the tiny MNIST files in seconds."""
     args = ["--model", str(model), "--data-dir", str(data), "--reference", "60", "--combiner", "24"]
@@ -207,10 +214,9 @@ def test_cli_refuses_more_images_than_there_are(
 @needs_fonts
 @pytest.mark.usefixtures("dejavu_for_held_out")
 def test_cli_without_json_writes_its_report_under_runs_never_into_the_docs(
-    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, tmp_path: Path, tiny_mnist: Path
 ) -> None:
-    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
-    monkeypatch.chdir(tmp_path)
+    data = tiny_mnist
     args = ["--model", str(tiny_model), "--data-dir", str(data), "--reference", "60", "--method", "darccc"]
     assert ood.main([*args, "--percentile", "90", "--per-set", "3"]) == 0
     assert (tmp_path / "runs" / "ood" / f"{tiny_model.name}.json").is_file()
@@ -229,10 +235,9 @@ def test_the_choice_takes_the_best_worst_set_and_among_near_ties_the_most_featur
 @needs_fonts
 @pytest.mark.usefixtures("dejavu_for_held_out")
 def test_confirm_scores_the_served_card_on_the_confirmation_sets_and_changes_nothing(
-    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tiny_model: Path, tmp_path: Path, tiny_mnist: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
-    monkeypatch.chdir(tmp_path)
+    data = tiny_mnist
     tiny_model = own_copy(tiny_model, tmp_path)  # a card of its own, without a calibration
     uncalibrated = {k: v for k, v in json.loads((tiny_model / "model.json").read_text()).items() if k != "ood"}
     (tiny_model / "model.json").write_text(json.dumps(uncalibrated))
@@ -260,10 +265,9 @@ def test_confirmation_fonts_missing_name_their_packages(monkeypatch: pytest.Monk
 @needs_fonts
 @pytest.mark.usefixtures("dejavu_for_held_out")
 def test_validation_only_writes_nothing_and_a_test_seed_changes_only_the_test_images(
-    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tiny_model: Path, tmp_path: Path, tiny_mnist: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
-    monkeypatch.chdir(tmp_path)
+    data = tiny_mnist
     tiny_model = own_copy(tiny_model, tmp_path)
     card = (tiny_model / "model.json").read_text()
     args = tiny_fit(tiny_model, data)
@@ -283,10 +287,9 @@ def test_validation_only_writes_nothing_and_a_test_seed_changes_only_the_test_im
 @needs_fonts
 @pytest.mark.usefixtures("dejavu_for_held_out")
 def test_confirm_reports_the_digits_the_card_left_out_whatever_the_command_line_says(
-    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, tmp_path: Path, tiny_mnist: Path
 ) -> None:
-    data = write_mnist_dir(tmp_path / "mnist", n_train=120, n_test=64)
-    monkeypatch.chdir(tmp_path)
+    data = tiny_mnist
     tiny_model = own_copy(tiny_model, tmp_path)
     assert ood.main([*tiny_fit(tiny_model, data), "--write-card", "--json", str(tmp_path / "fit.json")]) == 0
     fitted = json.loads((tmp_path / "fit.json").read_text())
