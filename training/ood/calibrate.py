@@ -289,13 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--val-split",
         type=int,
         default=None,
-        help="training images the model held out, not used for fitting (default: the card's training --val-split)",
+        help="training images the model held out: the combiner's digits, never the reference (default: the card's "
+        "training --val-split)",
     )
     p.add_argument(
         "--validation",
         type=int,
         default=DEFAULT_VALIDATION,
-        help="MNIST test digits (drawn at random after the combiner's) that set the threshold and choose the "
+        help="MNIST test digits (drawn at random after the --combiner ones) that set the threshold and choose the "
         f"features; the rest are reported (default: {DEFAULT_VALIDATION})",
     )
     p.add_argument(

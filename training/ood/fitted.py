@@ -68,15 +68,19 @@ class ModelOutputs:
         self.names = {"scores": self.scores_name, **{r: roles[r] for r in ("poses", "reconstruction", "explanation")
                                                       if r in roles}}  # fmt: skip
         self.cache = cache
+        graph = (model_dir / GRAPH_FILE).read_bytes() if cache is not None else b""
+        self.graph_digest = hashlib.sha1(graph)  # cached outputs of another model of the same name are not reused
         self.batch = int((self.card.get("serving") or {}).get("max_batch_size") or BATCH)
 
     def run(self, images: np.ndarray, key: str | None = None) -> dict[str, np.ndarray]:
         """Every output the score can use, by role (scores, poses, reconstruction, explanation). Cached outputs are
-        found by `key` and a digest of the images, so a changed image set is never answered from an old file."""
+        found by `key` and a digest of the graph and the images, so a changed model or image set is never answered
+        from an old file."""
         file = None
         if self.cache is not None and key is not None:
-            digest = hashlib.sha1(np.ascontiguousarray(images).tobytes()).hexdigest()[:12]
-            file = self.cache / f"{self.card['name']}-{key}-{digest}.npz"
+            digest = self.graph_digest.copy()
+            digest.update(np.ascontiguousarray(images).tobytes())
+            file = self.cache / f"{self.card['name']}-{key}-{digest.hexdigest()[:12]}.npz"
         if file is not None and file.is_file():
             with np.load(file) as saved:
                 return {k: saved[k] for k in saved.files}
@@ -411,21 +415,26 @@ def fit_and_evaluate(
         combiner_digits = (comb[0], comb[1])
         combiner_description = f"the {combiner} MNIST test digits the network also learned from (no hold-out)"
 
-    def turned_training(idx: np.ndarray, key: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def turned_training(idx: np.ndarray, key: str, into: dict[str, Any]) -> None:
+        """Adds `turned_training_digits` to `into`: the digits of `idx` turned by 90, 180 or 270 degrees (none when
+        every one stays a digit when turned, as 0, 1 and 8 do)."""
         images = np.concatenate([
             to_float(rotated_digits(train.images[idx[k::3]], train.labels[idx[k::3]], turns))
             for k, turns in enumerate((1, 2, 3))
         ])  # fmt: skip
-        return model.run(images, f"train-turned-{len(idx)}-{key}-{val_split}-{train_seed}-{seed}"), images
+        if len(images) == 0:
+            log.warning("no turned training digits for the %s: each of the %d drawn stays a digit when turned", key,
+                        len(idx))  # fmt: skip
+            return
+        run_key = f"train-turned-{len(idx)}-{key}-{val_split}-{train_seed}-{seed}"
+        into["turned_training_digits"] = model.run(images, run_key), images
 
     fit_sets = nondigits("fit", per_set)
-    others = np.setdiff1d(rest, net_idx)
-    if len(others) >= 3:
-        fit_sets["turned_training_digits"] = turned_training(others[: min(per_set * 3 // 2, len(others))], "combiner")
+    turned_training(np.setdiff1d(rest, net_idx)[: per_set * 3 // 2], "combiner", fit_sets)
     progress(f"model outputs: {len(net_idx)} training digits and {network_turned} turned ones for the network")
     net_digits = digits(train, net_idx, f"train-net-{len(net_idx)}-{val_split}-{train_seed}-{seed}")
     net_sets = nondigits("network", network_per_set)
-    net_sets["turned_training_digits"] = turned_training(net_idx[:network_turned], "network")
+    turned_training(net_idx[:network_turned], "network", net_sets)
     inputs = network_inputs(ref[0])
     progress(f"fitting the pattern network on {', '.join(inputs)}")
     network = fit_network(
@@ -477,7 +486,7 @@ def fit_and_evaluate(
         "threshold": ood["threshold"],
         "threshold_rule": ood["threshold_rule"],
         "reference": ref_description,
-        "mnist_test_digits": f"{len(test_idx)} MNIST test digits: those not drawn (seed {seed}) for the combiner "
+        "mnist_test_digits": f"{len(test_idx)} MNIST test digits: those not drawn (seed {seed}) for the network "
         f"({combiner}) or the validation ({validation})",
         "seed": seed,
         "test_seed": test_seed,

@@ -51,7 +51,7 @@ def fit_network(
     )
     weight = weight * len(x)  # each side weighs half; the mean weight is one
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # steps this small run 40x slower on two threads that share a core with other work
+    torch.set_num_threads(1)  # steps this small run about 50x slower on two threads that share a core with other work
     try:
         layers = [_fit_member(x, y, weight, hidden, epochs, seed + m) for m in range(members)]
     finally:

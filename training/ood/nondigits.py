@@ -3,7 +3,7 @@
 Every image is drawn on its own canvas and passed through the service's preprocessing (`service.imaging.preprocess`),
 exactly as an upload would be. Each role has its own fonts and generators: `NONDIGIT_SETS` fit the pattern network
 (role `network`, another stream) and the combiner; `VALIDATION_SETS` choose the detector; `TEST_SETS` are reported
-once and share no font, character or generator with any other role (the shapes of `training.ood.shapes`);
+once and share no font, generator or letter of another script with any other role (the shapes of `training.ood.shapes`);
 `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`). docs/not-a-digit.md lists them. Glyph
 twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav, ...) are in no set, and a
 character is drawn only in the fonts that have its glyph.
@@ -140,7 +140,10 @@ def _pick(rng: np.random.Generator, chars: str, paths: list[Path]) -> tuple[str,
         fonts = [p for p in paths if has_glyph(p, char)]
         if fonts:
             return char, fonts[rng.integers(len(fonts))]
-    raise FontMissing(f"none of {', '.join(p.name for p in paths)} has a glyph of {chars!r}")
+    drawable = "".join(c for c in chars if any(has_glyph(p, c) for p in paths))  # few: draw among those alone
+    if not drawable:
+        raise FontMissing(f"none of {', '.join(p.name for p in paths)} has a glyph of {chars!r}")
+    return _pick(rng, drawable, paths)
 
 
 def _glyph(rng: np.random.Generator, chars: str, paths: list[Path]) -> np.ndarray:

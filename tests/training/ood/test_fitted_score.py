@@ -310,3 +310,21 @@ def test_the_cache_never_answers_changed_images_with_old_outputs(tiny_model: Pat
     changed = model.run(second, "letters")  # the same name, other images: computed afresh
     np.testing.assert_array_equal(changed["scores"], ood_fitted.ModelOutputs(tiny_model).run(second)["scores"])
     assert not np.array_equal(changed["scores"], kept["scores"])
+
+
+def test_the_cache_never_answers_another_model_of_the_same_name(tiny_model: Path, tmp_path: Path) -> None:
+    import torch
+
+    from model.capsnet import CapsNet
+    from model.config import CapsNetConfig
+    from training.export.exporter import export_module
+
+    torch.manual_seed(1)  # other weights under the same name, as a re-export would give
+    cfg = CapsNetConfig.tiny()
+    other = tmp_path / "zoo" / "tiny"
+    export_module(CapsNet(cfg).eval(), "dynamic", cfg.to_dict(), other, name="tiny", torchscript=False)
+    images = np.random.default_rng(1).uniform(0, 1, (3, 1, 28, 28)).astype(np.float32)
+    first = ood_fitted.ModelOutputs(tiny_model, tmp_path / "cache").run(images, "letters")
+    second = ood_fitted.ModelOutputs(other, tmp_path / "cache").run(images, "letters")
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    assert not np.array_equal(first["scores"], second["scores"])
