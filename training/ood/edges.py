@@ -23,13 +23,9 @@ EDGE_NEAR = 0.02  # a pair whose scores both lie this close to the threshold (re
 
 def typeset(char: str) -> np.ndarray:
     """A DejaVu Sans character as the service prepares an upload of it: uint8 (28, 28), white on black."""
-    from PIL import Image, ImageDraw, ImageFont
+    from training.ood.nondigits import font_paths, typeset
 
-    from training.ood.nondigits import CANVAS, font_paths
-
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    font = ImageFont.truetype(str(font_paths()[0]), 80)
-    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
+    canvas = typeset(char, font_paths()[0])
     return np.round(preprocess(canvas, (28, 28)).array.reshape(28, 28) * 255).astype(np.uint8)
 
 

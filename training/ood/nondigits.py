@@ -91,7 +91,6 @@ FONT_PACKAGES = {  # the Debian package of each font folder, to name in an error
     "kristi": "fonts-kristi", "dancingscript": "fonts-dancingscript",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
-FIELD = shapes.FIELD
 
 
 class FontMissing(FileNotFoundError):
@@ -125,10 +124,23 @@ def held_out_fonts(names: tuple[str, ...]) -> list[Path]:
     return paths
 
 
+@lru_cache(maxsize=512)
+def load_font(path: Path, size: int) -> ImageFont.FreeTypeFont:
+    """The font at `path` in `size` pixels, read once: the sets draw tens of thousands of glyphs from a few fonts."""
+    return ImageFont.truetype(str(path), size)
+
+
+def typeset(char: str, path: Path, size: int = 80) -> Image.Image:
+    """`char` in the font at `path`, white on a black CANVAS x CANVAS canvas, centred."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=load_font(path, size), anchor="mm")
+    return canvas
+
+
 @lru_cache(maxsize=4096)
 def has_glyph(path: Path, char: str) -> bool:
     """Whether the font draws `char` as itself, not as its missing-glyph box (compared with a private-use code)."""
-    font = ImageFont.truetype(str(path), 40)
+    font = load_font(path, 40)
     drawn, missing = font.getmask(char), font.getmask("\U0010fffd")
     return not (drawn.size == missing.size and bytes(drawn) == bytes(missing))
 
@@ -148,28 +160,19 @@ def _pick(rng: np.random.Generator, chars: str, paths: list[Path]) -> tuple[str,
 
 def _glyph(rng: np.random.Generator, chars: str, paths: list[Path]) -> np.ndarray:
     """One character of `chars` in one of the fonts, 80 px on a 112 canvas, turned by up to 10 degrees."""
-    char, path = _pick(rng, chars, paths)
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=ImageFont.truetype(str(path), 80),
-                                anchor="mm")  # fmt: skip
+    canvas = typeset(*_pick(rng, chars, paths))
     return np.asarray(canvas.rotate(float(rng.uniform(-10, 10)), resample=Image.Resampling.BILINEAR)) / 255.0
 
 
 def _letter(rng: np.random.Generator) -> np.ndarray:
-    char, path = _pick(rng, LETTERS, font_paths())
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=ImageFont.truetype(str(path), 80),
-                                anchor="mm")  # fmt: skip
-    return np.asarray(canvas) / 255.0
+    return np.asarray(typeset(*_pick(rng, LETTERS, font_paths()))) / 255.0
 
 
 def varied(rng: np.random.Generator, chars: str, paths: list[Path]) -> np.ndarray:
     """A character in one of the fonts, then sheared by up to 0.3, turned by up to 15 degrees and thickened or
     thinned: the fitting letters vary as handwriting and other typefaces do."""
     char, path = _pick(rng, chars, paths)
-    font = ImageFont.truetype(str(path), int(rng.integers(60, 90)))
-    canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    ImageDraw.Draw(canvas).text((CANVAS // 2, CANVAS // 2), char, fill=255, font=font, anchor="mm")
+    canvas = typeset(char, path, int(rng.integers(60, 90)))
     shear = float(rng.uniform(-0.3, 0.3))
     canvas = canvas.transform(canvas.size, Image.Transform.AFFINE, (1, shear, -shear * CANVAS / 2, 0, 1, 0),
                               resample=Image.Resampling.BILINEAR)  # fmt: skip

@@ -48,17 +48,8 @@ def tiny_fit(model: Path, data: Path) -> list[str]:
     """capsnet-ood arguments that fit the tiny model on the tiny MNIST files in seconds."""
     args = ["--model", str(model), "--data-dir", str(data), "--reference", "60", "--combiner", "24"]
     args += ["--val-split", "20", "--validation", "20", "--per-set", "3", "--percentile", "90"]
-    return [
-        *args,
-        "--network-digits",
-        "30",
-        "--network-per-set",
-        "4",
-        "--network-turned",
-        "12",
-        "--network-hidden",
-        "16",
-    ]
+    args += ["--network-digits", "30", "--network-per-set", "4", "--network-turned", "12", "--network-hidden", "16"]
+    return args
 
 
 def own_copy(model: Path, tmp_path: Path) -> Path:
