@@ -37,7 +37,7 @@ SYMBOLS = "+−×÷=%#@&*?<>~^"  # no bars, slashes or brackets: after cropping 
 SCRIPTS_FIT = "ξζηκνρστυГИЙКУЦЭгийкуцэשאמצם"  # Greek, Cyrillic and Hebrew letters the test sets do not hold
 SCRIPTS = "αβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпגדהכלנעפקרת"  # Greek, Cyrillic, Hebrew; no digit twins
 FONT_ROOT = Path("/usr/share/fonts")
-FIT_FONTS = (  # fonts-freefont-ttf, fonts-humor-sans, fonts-comic-neue, fonts-urw-base35, and handwriting
+FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, nine families more, Gentium, Ezra
     "truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeMono.ttf",
     "truetype/freefont/FreeSansBold.ttf", "truetype/freefont/FreeSerifItalic.ttf",
     "truetype/humor-sans/Humor-Sans.ttf", "opentype/comic-neue/ComicNeue-Regular.otf",
@@ -47,6 +47,11 @@ FIT_FONTS = (  # fonts-freefont-ttf, fonts-humor-sans, fonts-comic-neue, fonts-u
     "opentype/urw-base35/URWGothic-Book.otf", "opentype/urw-base35/URWBookman-Light.otf",
     "opentype/urw-base35/C059-Roman.otf", "opentype/urw-base35/P052-Italic.otf",
     "truetype/breip/Breip.ttf", "truetype/fifthhorseman/dkg.ttf", "truetype/femkeklaver/femkeklaver.ttf",
+    "truetype/crosextra/Carlito-Regular.ttf", "truetype/crosextra/Carlito-Bold.ttf",
+    "truetype/crosextra/Caladea-Regular.ttf", "truetype/open-sans/OpenSans-Regular.ttf",
+    "opentype/cantarell/Cantarell-Regular.otf", "opentype/ebgaramond/EBGaramond12-Regular.otf",
+    "truetype/tlwg/Purisa.ttf", "truetype/andika/Andika-Regular.ttf", "truetype/comfortaa/Comfortaa-Regular.ttf",
+    "truetype/gentium/Gentium-R.ttf", "truetype/ezra/SILEOT.ttf",
 )  # fmt: skip
 VALIDATION_FONTS = (  # fonts-liberation
     "truetype/liberation/LiberationSans-Regular.ttf",
@@ -59,16 +64,19 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
     "truetype/tomsontalks/TomsonTalks.ttf",
     "opentype/urw-base35/Z003-MediumItalic.otf",
 )
-TEST_FONTS = (  # typefaces no other role uses; Purisa, Andika and Comfortaa are handwriting-like
-    "truetype/crosextra/Carlito-Regular.ttf", "truetype/crosextra/Carlito-Bold.ttf",
-    "truetype/crosextra/Caladea-Regular.ttf", "truetype/open-sans/OpenSans-Regular.ttf",
-    "opentype/cantarell/Cantarell-Regular.otf", "opentype/ebgaramond/EBGaramond12-Regular.otf",
-    "truetype/tlwg/Purisa.ttf", "truetype/andika/Andika-Regular.ttf", "truetype/comfortaa/Comfortaa-Regular.ttf",
+TEST_FONTS = (  # typefaces no other role uses; the last six are handwriting-like (school cursive, pen, brush)
+    "truetype/lato/Lato-Regular.ttf", "opentype/inter/Inter-Regular.otf", "opentype/cabin/Cabin-Regular.otf",
+    "truetype/karla/Karla-Regular.otf", "truetype/adf/GilliusADF-Regular.otf", "truetype/adf/BaskervaldADFStd.otf",
+    "opentype/jura/Jura-Regular.otf", "opentype/dosis/Dosis-Book.otf", "truetype/lindenhill/LindenHill.otf",
+    "truetype/averia-gwf/AveriaSansGWF-Regular.ttf", "truetype/ecolier-court/Ecolier-court.ttf",
+    "truetype/klee/KleeOne-Regular.ttf", "opentype/bwht/BecauseWeLearn-Regular.otf",
+    "opentype/bwht/BecauseWeCreate-Regular.otf", "opentype/kaushanscript/KaushanScript-Regular.otf",
+    "truetype/cabinsketch/CabinSketch-Regular.ttf",
 )  # fmt: skip
-SCRIPT_FONTS = (  # the test fonts with Greek and Cyrillic, Gentium, and Ezra SIL for Hebrew
-    "truetype/crosextra/Carlito-Regular.ttf", "truetype/open-sans/OpenSans-Regular.ttf",
-    "opentype/cantarell/Cantarell-Regular.otf", "opentype/ebgaramond/EBGaramond12-Regular.otf",
-    "truetype/gentium/Gentium-R.ttf", "truetype/ezra/SILEOT.ttf",
+SCRIPT_FONTS = (  # test fonts with Greek and Cyrillic, GFS Neohellenic for Greek, and Culmus for Hebrew
+    "truetype/lato/Lato-Regular.ttf", "opentype/inter/Inter-Regular.otf", "opentype/jura/Jura-Regular.otf",
+    "truetype/klee/KleeOne-Regular.ttf", "opentype/neohellenic/GFSNeohellenic.otf",
+    "truetype/culmus/FrankRuehlCLM-Medium.ttf", "truetype/culmus/DavidCLM-Medium.otf",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -88,7 +96,12 @@ FONT_PACKAGES = {  # the Debian package of each font folder, to name in an error
     "open-sans": "fonts-open-sans", "cantarell": "fonts-cantarell", "ebgaramond": "fonts-ebgaramond",
     "tlwg": "fonts-tlwg-purisa-ttf", "andika": "fonts-sil-andika", "comfortaa": "fonts-comfortaa",
     "gentium": "fonts-sil-gentium", "ezra": "fonts-sil-ezra", "linux-libertine": "fonts-linuxlibertine",
-    "kristi": "fonts-kristi", "dancingscript": "fonts-dancingscript",
+    "kristi": "fonts-kristi", "dancingscript": "fonts-dancingscript", "lato": "fonts-lato", "inter": "fonts-inter",
+    "cabin": "fonts-cabin", "karla": "fonts-karla", "adf": "fonts-adf-gillius fonts-adf-baskervald",
+    "jura": "fonts-jura", "dosis": "fonts-dosis", "lindenhill": "fonts-lindenhill",
+    "averia-gwf": "fonts-averia-sans-gwf", "ecolier-court": "fonts-ecolier-court", "klee": "fonts-klee",
+    "bwht": "fonts-bwht", "kaushanscript": "fonts-kaushanscript", "cabinsketch": "fonts-cabinsketch",
+    "neohellenic": "fonts-gfs-neohellenic", "culmus": "culmus",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -236,6 +249,12 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "scribbles": shapes.scribble,
     "gratings": shapes.grating,
     "noise": shapes.noise,
+    "pen_strokes": shapes.pen_strokes,
+    "doodles": shapes.doodles,
+    "cells": shapes.cells,
+    "field_noise": shapes.field_noise,
+    "pages": shapes.pages,
+    "dust": shapes.dust,
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
@@ -251,12 +270,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": shapes.pen_strokes,
-    "scribbles": shapes.doodles,
-    "textures": shapes.cells,
-    "noise": shapes.field_noise,
-    "blank": shapes.pages,
-    "near_blank": shapes.dust,
+    "strokes": shapes.brush_strokes,
+    "scribbles": shapes.spirographs,
+    "textures": shapes.masonry,
+    "noise": shapes.block_noise,
+    "blank": shapes.lit_pages,
+    "near_blank": shapes.sensor_noise,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

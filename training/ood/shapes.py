@@ -1,8 +1,8 @@
 """Drawn non-digits that need no font: noise, blank pages, strokes, scribbles and textures, each on its own canvas.
 
 The generators of each role are listed in `training.ood.nondigits`. Those the reported test sets use
-(`pen_strokes`, `doodles`, `cells`, `field_noise`, `pages`, `dust`) draw nothing any fitting or validation
-set draws: other shapes, other noise, other page sizes.
+(`brush_strokes`, `spirographs`, `masonry`, `block_noise`, `lit_pages`, `sensor_noise`) draw nothing any
+fitting or validation set draws: other shapes, other noise, other pages.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def elastic(picture: np.ndarray, rng: np.random.Generator, shift: float = 9.0, k
     return picture[r, c]
 
 
-# The test sets' generators: nothing above draws these.
+# Generators the fitting sets also use: pen strokes, doodles, cells, field noise, pages and dust.
 
 
 def pen_strokes(rng: np.random.Generator) -> np.ndarray:
@@ -219,6 +219,110 @@ def dust(rng: np.random.Generator) -> np.ndarray:
         r, c, s = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(1, 2.5)
         page += rng.uniform(0.2, 0.6) * np.exp(-((y - r) ** 2 + (x - c) ** 2) / (2 * s * s))
     return np.clip(page, 0, 1)
+
+
+# The test sets' generators: nothing else draws these.
+
+
+def brush_strokes(rng: np.random.Generator) -> np.ndarray:
+    """Two to four brush strokes: each a smooth path (a random cubic through four points) laid down as discs whose
+    width swells and thins along it (2 to 14 pixels), as a brush or a felt pen moves, on a 112 canvas."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    t = np.linspace(0, 1, 90)[:, None]
+    for _ in range(rng.integers(2, 5)):
+        p0, p1, p2, p3 = rng.uniform(10, CANVAS - 10, (4, 2))
+        path = ((1 - t) ** 3) * p0 + 3 * (1 - t) ** 2 * t * p1 + 3 * (1 - t) * t**2 * p2 + t**3 * p3
+        phase, waves, widest = rng.uniform(0, 2 * np.pi), rng.uniform(0.5, 2.0), rng.uniform(5, 14)
+        radius = 1 + (widest / 2 - 1) * (0.5 + 0.5 * np.sin(2 * np.pi * waves * t[:, 0] + phase))
+        for (x, y), r in zip(path, radius, strict=True):
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=int(rng.uniform(200, 255)))
+    return np.asarray(canvas) / 255.0
+
+
+def spirographs(rng: np.random.Generator) -> np.ndarray:
+    """A spirograph figure (a hypotrochoid or an epitrochoid of 3 to 9 lobes) or a rose of 3, 5 or 7 petals,
+    3-7 pixels wide on a 112 canvas: figures with many lobes, unlike any digit."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    t = np.linspace(0, 2 * np.pi, 720)
+    kind = rng.integers(3)
+    if kind == 2:
+        k = int(rng.choice([3, 5, 7]))
+        r = np.cos(k * t)
+        x, y = r * np.cos(t), r * np.sin(t)
+    else:
+        lobes = int(rng.integers(3, 10))
+        big, small = 1.0, 1.0 / lobes
+        pen = small * rng.uniform(0.6, 1.6)
+        if kind == 0:  # hypotrochoid: a wheel rolling inside a ring
+            x = (big - small) * np.cos(t) + pen * np.cos((big - small) / small * t)
+            y = (big - small) * np.sin(t) - pen * np.sin((big - small) / small * t)
+        else:  # epitrochoid: a wheel rolling outside it
+            x = (big + small) * np.cos(t) - pen * np.cos((big + small) / small * t)
+            y = (big + small) * np.sin(t) - pen * np.sin((big + small) / small * t)
+    points = np.stack([x, y], axis=1)
+    points = points / np.abs(points).max() * rng.uniform(30, 50) + CANVAS / 2 + rng.uniform(-8, 8, 2)
+    ImageDraw.Draw(canvas).line([tuple(p) for p in points], fill=255, width=int(rng.integers(3, 8)), joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def masonry(rng: np.random.Generator) -> np.ndarray:
+    """A texture of a kind no other set draws: a brick wall (mortar lines, rows offset by half a brick),
+    herringbone stripes, or wood grain (rings around a far centre, warped by a slow wave)."""
+    y, x = np.mgrid[0:FIELD, 0:FIELD].astype(np.float64)
+    kind = rng.integers(3)
+    if kind == 0:
+        height, width, mortar = rng.uniform(5, 12), rng.uniform(10, 24), rng.uniform(1, 2.5)
+        row = np.floor(y / height)
+        across = (x + (row % 2) * width / 2) % width
+        return 1.0 - ((y % height < mortar) | (across < mortar)).astype(np.float64) * rng.uniform(0.6, 1.0)
+    if kind == 1:
+        period, block = rng.uniform(4, 9), rng.uniform(8, 16)
+        flip = (np.floor(x / block) % 2) * 2 - 1
+        return (((x * flip + y) % period) < period / 2).astype(np.float64)
+    cy, cx = rng.uniform(-3, 4, 2) * FIELD
+    warp = rng.uniform(1, 4) * np.sin(2 * np.pi * (x + y) / rng.uniform(20, 60))
+    rings = np.sin(2 * np.pi * (np.hypot(y - cy, x - cx) + warp) / rng.uniform(3, 8))
+    return _rescaled(rings + rng.normal(0, 0.15, rings.shape))
+
+
+def block_noise(rng: np.random.Generator) -> np.ndarray:
+    """Noise of kinds no other set draws: blocks of random grays (2 to 8 pixels a side, as a coarse JPEG), blotches
+    (smooth noise cut at a level, black and white), or a ramp under Gaussian noise."""
+    side = int(rng.choice([48, 80, 128]))
+    kind = rng.integers(3)
+    if kind == 0:
+        block = int(rng.integers(2, 9))
+        cells = rng.uniform(0, 1, (side // block + 1, side // block + 1))
+        return np.kron(cells, np.ones((block, block)))[:side, :side]
+    if kind == 1:
+        raw = Image.fromarray((rng.uniform(0, 255, (side, side))).astype(np.uint8))
+        smooth = np.asarray(raw.filter(ImageFilter.GaussianBlur(float(rng.uniform(2, 6)))), np.float64)
+        return (smooth > np.quantile(smooth, rng.uniform(0.3, 0.7))).astype(np.float64)
+    ramp = np.linspace(0, 1, side)[None, :] * np.ones((side, 1))
+    ramp = ramp if rng.random() < 0.5 else ramp.T
+    return np.clip(ramp + rng.normal(0, rng.uniform(0.05, 0.3), (side, side)), 0, 1)
+
+
+def lit_pages(rng: np.random.Generator) -> np.ndarray:
+    """A blank sheet photographed under uneven light: a page of random size (24 to 160 pixels) whose gray drifts
+    smoothly by at most 3 of 255 levels from one side to the other."""
+    h, w = (int(v) for v in rng.integers(24, 161, 2))
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    angle = rng.uniform(0, 2 * np.pi)
+    slope = (np.cos(angle) * x + np.sin(angle) * y) / (abs(np.cos(angle)) + abs(np.sin(angle)))  # within [-1, 1]
+    drift = slope * rng.uniform(0, 1.5 / 255)
+    return np.clip(rng.uniform(0.05, 0.95) + drift, 0, 1)
+
+
+def sensor_noise(rng: np.random.Generator) -> np.ndarray:
+    """A near-blank photograph: a dark page of random size (32 to 128 pixels) under faint sensor noise (Gaussian,
+    at most 4% of full scale) with one to three hot pixels."""
+    h, w = (int(v) for v in rng.integers(32, 129, 2))
+    page = np.clip(rng.normal(0.05, rng.uniform(0.005, 0.04), (h, w)), 0, 1)
+    n = int(rng.integers(1, 4))
+    page[rng.integers(0, h, n), rng.integers(0, w, n)] = rng.uniform(0.5, 1, n)
+    return page
 
 
 def _rescaled(field: np.ndarray) -> np.ndarray:
