@@ -352,6 +352,7 @@ class ClassCaps(nn.Module):
 class EMCapsNetOutput(NamedTuple):
     activations: torch.Tensor  # (B, num_classes): class capsule activations, the class scores
     poses: torch.Tensor  # (B, num_classes, 4, 4): class capsule pose matrices
+    parts: torch.Tensor  # (B, cells, D): ConvCaps2 activations, the parts the class capsules were routed from
 
 
 class EMCapsNet(nn.Module):
@@ -377,4 +378,4 @@ class EMCapsNet(nn.Module):
             pose, act = self.caps1(pose, act)  # (B, 36, C, 16), (B, 36, C)
             pose, act = self.caps2(pose, act)  # (B, 16, D, 16), (B, 16, D)
             poses, activations = self.classes(pose, act)  # (B, K, 16), (B, K)
-        return EMCapsNetOutput(activations, poses.reshape(-1, self.cfg.num_classes, POSE, POSE))
+        return EMCapsNetOutput(activations, poses.reshape(-1, self.cfg.num_classes, POSE, POSE), act)

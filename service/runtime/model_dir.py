@@ -62,7 +62,7 @@ class InputSpec(TensorSpec):
 
 
 class OutputSpec(TensorSpec):
-    role: Literal["scores", "poses", "reconstruction", "explanation"]
+    role: Literal["scores", "poses", "reconstruction", "explanation", "parts"]
     description: str = ""
 
 
@@ -186,7 +186,10 @@ class ModelCard(BaseModel):
         network = calibration.network
         if network is not None:
             pose_size = math.prod(self.pose_shape)  # every card has a poses output (checked above)
-            width = vector_width(network.inputs, len(self.classes), pose_size, "reconstruction" in roles)
+            maps: dict[str, int] = {
+                o.role: math.prod(o.shape[1:]) for o in self.outputs if o.role in ("explanation", "parts")
+            }
+            width = vector_width(network.inputs, len(self.classes), pose_size, "reconstruction" in roles, maps)
             if width != network.width:
                 raise ValueError(
                     f"ood network takes {network.width} numbers per image, but this model's outputs give {width}"
@@ -200,9 +203,10 @@ class ModelCard(BaseModel):
 
     def ood_inputs(
         self, outputs: Mapping[str, np.ndarray]
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-        """(scores, reconstruction, poses, routing map) of a run's outputs for the "not a digit" calibration's
-        `assess`: None for those it does not use. Raises ModelDirError when the model has no calibration."""
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """(scores, reconstruction, poses, routing map, parts) of a run's outputs for the "not a digit"
+        calibration's `assess`: None for those it does not use. Raises ModelDirError when the model has no
+        calibration."""
         calibration = self._ood
         if calibration is None:
             raise ModelDirError(f"model {self.name!r} has no 'not a digit' calibration")
@@ -215,6 +219,7 @@ class ModelCard(BaseModel):
             role("reconstruction", calibration.needs_reconstruction),
             role("poses", calibration.needs_poses),
             role("explanation", calibration.needs_explanation),
+            role("parts", calibration.needs_parts),
         )
 
     @property

@@ -4,11 +4,11 @@ Each feature (below) is compared with its distribution on reference MNIST images
 quantiles, giving its surprise: -log of the share of reference digits at least as extreme. The card's
 `combiner` weighs the surprises into the score (a logistic regression fitted on digits against synthetic
 non-digits); a card without one scores the largest surprise (DARCCC, Frosst, Sabour & Hinton 2018).
-A card may also carry a `network`: small perceptrons over all the capsules' lengths and poses
-(`capsule_vector`), fitted on digits against synthetic non-digits (outlier exposure, Hendrycks et al. 2019),
-whose averaged output is one more feature, `pattern`. Images scoring above the card's threshold are out of
-distribution. `training.ood.calibrate` fits the card's `ood` object with these same functions;
-docs/model-card.md and docs/not-a-digit.md specify it.
+A card may also carry a `network`: small perceptrons over all the capsules' lengths and poses, the routing
+map or the activations of the capsules below the classes (`capsule_vector`), fitted on digits against synthetic
+non-digits (outlier exposure, Hendrycks et al. 2019), whose averaged output is one more feature, `pattern`.
+Images scoring above the card's threshold are out of distribution. `training.ood.calibrate` fits the card's
+`ood` object with these same functions; docs/model-card.md and docs/not-a-digit.md specify it.
 """
 
 from __future__ import annotations
@@ -46,9 +46,11 @@ PART_WORDS = {  # what a high surprise of each feature means, in a user's words 
     "pose_distance": "the pose is unlike any {label} in training",
     "scores_distance": "the other capsules' lengths are unlike those of a {label}",
     "routing_share": "the routing sends little of the image to the {label} capsule",
-    "pattern": "the capsules' lengths and poses together look like a non-digit's, not a {label}'s",
+    "pattern": "the capsules' lengths, poses and routing together look like a non-digit's, not a {label}'s",
 }
-VECTOR_INPUTS = ("scores", "ranked_scores", "poses", "ink", "distance")  # what `capsule_vector` can hold
+VECTOR_INPUTS = (  # what `capsule_vector` can hold
+    "scores", "ranked_scores", "poses", "ink", "distance", "explanation", "parts",
+)  # fmt: skip
 RANKED = 3  # the largest scores, in order, that `ranked_scores` holds
 NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relative_distance
 
@@ -116,10 +118,14 @@ def capsule_vector(
     scores: np.ndarray,
     poses: np.ndarray | None,
     reconstruction: np.ndarray | None,
+    explanation: np.ndarray | None = None,
+    parts: np.ndarray | None = None,
 ) -> np.ndarray:
     """(N, D) float64 input of the `pattern` network, the `inputs` in order: scores (K), ranked_scores (the
     RANKED largest), poses (every capsule's, flattened), ink (sum of x / 100), distance (||x - reconstruction||
-    and that over ||x||). A ValueError names an input whose output the model lacks."""
+    and that over ||x||), explanation (the routing map, flattened: where each class's routed votes came from) and
+    parts (the activations of the capsules below the classes, flattened). A ValueError names an input whose
+    output the model lacks."""
     n = len(scores)
     x = images.reshape(n, -1).astype(np.float64)
     s = scores.astype(np.float64)
@@ -135,6 +141,11 @@ def capsule_vector(
             columns.append(poses.reshape(n, -1).astype(np.float64))
         elif name == "ink":
             columns.append(x.sum(axis=1, keepdims=True) / 100.0)
+        elif name in ("explanation", "parts"):
+            given = explanation if name == "explanation" else parts
+            if given is None:
+                raise ValueError(f"the pattern network needs the model's {name} output")
+            columns.append(given.reshape(n, -1).astype(np.float64))
         elif name == "distance":
             if reconstruction is None:
                 raise ValueError("the pattern network needs the model's reconstruction")
@@ -145,15 +156,22 @@ def capsule_vector(
     return np.concatenate(columns, axis=1)
 
 
-def vector_width(inputs: tuple[str, ...], k: int, pose_size: int, has_reconstruction: bool) -> int:
+def vector_width(
+    inputs: tuple[str, ...], k: int, pose_size: int, has_reconstruction: bool, maps: Mapping[str, int] | None = None
+) -> int:
     """How many numbers `capsule_vector` gives per image for a model of `k` classes with poses of `pose_size`
-    numbers; a ValueError names an input the model cannot give."""
-    sizes = {"scores": k, "ranked_scores": min(RANKED, k), "poses": k * pose_size, "ink": 1, "distance": 2}
-    unknown = [n for n in inputs if n not in sizes]
+    numbers and `maps` (the size of its explanation and parts outputs per image, those it has); a ValueError names
+    an input the model cannot give."""
+    maps = maps or {}
+    sizes = {"scores": k, "ranked_scores": min(RANKED, k), "poses": k * pose_size, "ink": 1, "distance": 2, **maps}
+    unknown = [n for n in inputs if n not in VECTOR_INPUTS]
     if unknown:
         raise ValueError(f"unknown network input {unknown[0]!r}; choose from {', '.join(VECTOR_INPUTS)}")
     if "distance" in inputs and not has_reconstruction:
         raise ValueError("the pattern network needs the model's reconstruction")
+    lacking = [n for n in inputs if n not in sizes]
+    if lacking:
+        raise ValueError(f"the pattern network needs the model's {lacking[0]} output")
     return sum(sizes[n] for n in inputs)
 
 
@@ -222,9 +240,15 @@ class PatternNetwork:
         return total / len(self.members)
 
     def pattern(
-        self, images: np.ndarray, scores: np.ndarray, poses: np.ndarray | None, reconstruction: np.ndarray | None
+        self,
+        images: np.ndarray,
+        scores: np.ndarray,
+        poses: np.ndarray | None,
+        reconstruction: np.ndarray | None,
+        explanation: np.ndarray | None = None,
+        parts: np.ndarray | None = None,
     ) -> np.ndarray:
-        return self(capsule_vector(self.inputs, images, scores, poses, reconstruction))
+        return self(capsule_vector(self.inputs, images, scores, poses, reconstruction, explanation, parts))
 
 
 @dataclass(frozen=True)
@@ -408,8 +432,16 @@ class OODCalibration:
         return uses or any(g.output == "poses" for g in self.gaussians.values())
 
     @property
-    def needs_explanation(self) -> bool:
+    def uses_routing_share(self) -> bool:
         return any(f.name == "routing_share" for f in self.features)
+
+    @property
+    def needs_explanation(self) -> bool:
+        return self.uses_routing_share or (self.network is not None and "explanation" in self.network.inputs)
+
+    @property
+    def needs_parts(self) -> bool:
+        return self.network is not None and "parts" in self.network.inputs
 
     def measure(
         self,
@@ -418,13 +450,14 @@ class OODCalibration:
         reconstruction: np.ndarray | None,
         poses: np.ndarray | None = None,
         explanation: np.ndarray | None = None,
+        parts: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """Every feature the calibration uses, (N,) each, from the model's input and outputs."""
-        features = image_features(images, scores, reconstruction, explanation if self.needs_explanation else None)
+        features = image_features(images, scores, reconstruction, explanation if self.uses_routing_share else None)
         for name, gaussian in self.gaussians.items():
             features[name] = gaussian.distance(scores, poses)
         if self.network is not None:
-            features["pattern"] = self.network.pattern(images, scores, poses, reconstruction)
+            features["pattern"] = self.network.pattern(images, scores, poses, reconstruction, explanation, parts)
         return features
 
     def surprises(self, features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -463,13 +496,14 @@ class OODCalibration:
         reconstruction: np.ndarray | None,
         poses: np.ndarray | None = None,
         explanation: np.ndarray | None = None,
+        parts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(score (N,), in_distribution (N,) bool) for a batch of model inputs and outputs."""
         score = None
         if len(images) == 1:
-            score = self._score_one(images, scores, reconstruction, poses, explanation)
+            score = self._score_one(images, scores, reconstruction, poses, explanation, parts)
         if score is None:
-            score = self.score(self.measure(images, scores, reconstruction, poses, explanation))
+            score = self.score(self.measure(images, scores, reconstruction, poses, explanation, parts))
         return score, score <= self.threshold
 
     def _score_one(
@@ -479,6 +513,7 @@ class OODCalibration:
         reconstruction: np.ndarray | None,
         poses: np.ndarray | None = None,
         explanation: np.ndarray | None = None,
+        parts: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """`score` of a single image with a fraction of the numpy calls (a lone request pays them all from cold
         caches): the same arithmetic on Python floats where it is scalar (bit for bit without a combiner, Gaussians
@@ -495,7 +530,7 @@ class OODCalibration:
             features["distance"] = distance = math.sqrt(float(((x - r) ** 2).sum(axis=1)[0]))
             features["relative_distance"] = distance / max(math.sqrt(float((x * x).sum(axis=1)[0])), NORM_FLOOR)
         winner = row.index(ranked[-1]) if math.isfinite(ranked[-1]) else 0  # argmax: the first of the largest
-        if self.needs_explanation and explanation is not None:
+        if self.uses_routing_share and explanation is not None:
             mass = explanation.reshape(len(row), -1).astype(np.float64).sum(axis=1).tolist()
             features["routing_share"] = mass[winner] / max(sum(mass), NORM_FLOOR)
         for name, gaussian in self.gaussians.items():
@@ -506,7 +541,9 @@ class OODCalibration:
             white = gaussian.whitening @ (vector.astype(np.float64) - gaussian.means[winner])
             features[name] = math.sqrt(float(white @ white))
         if self.network is not None:
-            features["pattern"] = float(self.network.pattern(images, scores, poses, reconstruction)[0])
+            features["pattern"] = float(
+                self.network.pattern(images, scores, poses, reconstruction, explanation, parts)[0]
+            )
         if not all(math.isfinite(v) for v in (*ranked, *features.values())):
             return None
         if self.combiner is None:

@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 TORCHSCRIPT = "capsnet.ts"
 CONTROL_FLOW_OPS = frozenset({"Loop", "If", "Scan"})
 # max abs difference between ONNX Runtime and PyTorch, by output role
-TOLERANCES: dict[str, float] = {"scores": 1e-4, "poses": 1e-4, "reconstruction": 1e-3, "explanation": 1e-3}
+TOLERANCES: dict[str, float] = {
+    "scores": 1e-4, "poses": 1e-4, "reconstruction": 1e-3, "explanation": 1e-3, "parts": 1e-3,
+}  # fmt: skip
 VERIFY_BATCHES = (1, 64)
 NOISY_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnx_ir")  # "torchvision is not installed", pass stats
 

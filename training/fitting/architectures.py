@@ -26,7 +26,7 @@ class LossParts:
     parts: dict[str, torch.Tensor]
 
 
-OutputRole = Literal["scores", "poses", "reconstruction", "explanation"]
+OutputRole = Literal["scores", "poses", "reconstruction", "explanation", "parts"]
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,12 @@ def _em_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
                 "activations", "scores", "class capsule activations a_j in (0, 1): the presence of each class"
             ),
             ExportOutput("poses", "poses", "class capsule 4x4 pose matrices M_j (the mean of each class's votes)"),
+            ExportOutput(
+                "parts",
+                "parts",
+                "ConvCaps2 activations (cells x capsule types): the parts present in the image, from which the class "
+                "capsules are routed",
+            ),
         ),
         forward=lambda m, images: tuple(m(images)),
         decode=None,

@@ -42,7 +42,7 @@ def edge_pair(model_dir: Path) -> dict[str, Any]:
     def score(pixels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
         images = array_from_pixels(pixels.tolist(), (28, 28)).astype(np.float32).reshape(1, 1, 28, 28)  # as served
         out = model.run(images)
-        args = (out["scores"], out.get("reconstruction"), out.get("poses"), out.get("explanation"))
+        args = (out["scores"], out.get("reconstruction"), out.get("poses"), out.get("explanation"), out.get("parts"))
         features = calibration.measure(images, *args)
         return float(calibration.score(features)[0]), features
 

@@ -65,17 +65,17 @@ class ModelOutputs:
         roles = {o["role"]: o["name"] for o in self.card["outputs"]}
         self.scores_name = self.card["scores"]["output"]
         self.reconstruction_name = roles.get("reconstruction")
-        self.names = {"scores": self.scores_name, **{r: roles[r] for r in ("poses", "reconstruction", "explanation")
-                                                      if r in roles}}  # fmt: skip
+        self.names = {"scores": self.scores_name, **{r: roles[r] for r in ("poses", "reconstruction", "explanation",
+                                                                           "parts") if r in roles}}  # fmt: skip
         self.cache = cache
         graph = (model_dir / GRAPH_FILE).read_bytes() if cache is not None else b""
         self.graph_digest = hashlib.sha1(graph)  # cached outputs of another model of the same name are not reused
         self.batch = int((self.card.get("serving") or {}).get("max_batch_size") or BATCH)
 
     def run(self, images: np.ndarray, key: str | None = None) -> dict[str, np.ndarray]:
-        """Every output the score can use, by role (scores, poses, reconstruction, explanation). Cached outputs are
-        found by `key` and a digest of the graph and the images, so a changed model or image set is never answered
-        from an old file."""
+        """Every output the score can use, by role (scores, poses, reconstruction, explanation, parts). Cached
+        outputs are found by `key` and a digest of the graph and the images, so a changed model or image set is
+        never answered from an old file."""
         file = None
         if self.cache is not None and key is not None:
             digest = self.graph_digest.copy()
@@ -158,12 +158,13 @@ def measure(
 
 def network_inputs(outputs: dict[str, np.ndarray]) -> tuple[str, ...]:
     """What the pattern network reads of a model with these outputs: all of `VECTOR_INPUTS` it gives."""
-    needs = {"poses": "poses", "distance": "reconstruction"}
+    needs = {"poses": "poses", "distance": "reconstruction", "explanation": "explanation", "parts": "parts"}
     return tuple(n for n in VECTOR_INPUTS if needs.get(n, "scores") in outputs)
 
 
 def vectors(outputs: dict[str, np.ndarray], images: np.ndarray, inputs: tuple[str, ...]) -> np.ndarray:
-    return capsule_vector(inputs, images, outputs["scores"], outputs.get("poses"), outputs.get("reconstruction"))
+    return capsule_vector(inputs, images, outputs["scores"], outputs.get("poses"), outputs.get("reconstruction"),
+                          outputs.get("explanation"), outputs.get("parts"))  # fmt: skip
 
 
 def fit_logistic(
@@ -251,7 +252,7 @@ def fit_detector(
 def scores_of(calibration: OODCalibration, outputs: dict[str, np.ndarray], images: np.ndarray) -> np.ndarray:
     return calibration.score(
         calibration.measure(images, outputs["scores"], outputs.get("reconstruction"), outputs.get("poses"),
-                            outputs.get("explanation"))
+                            outputs.get("explanation"), outputs.get("parts"))
     )  # fmt: skip
 
 

@@ -70,6 +70,19 @@ def test_the_capsule_vector_holds_each_input_in_order() -> None:
     assert em.shape == (4, K * D + 1)
 
 
+def test_the_capsule_vector_holds_the_routing_map_and_the_parts_flattened() -> None:
+    images, scores, poses, _ = batch(3)
+    rng = np.random.default_rng(5)
+    explanation, parts = rng.random((3, K, 2, 2)), rng.random((3, 4, 5))
+    vector = capsule_vector(("ink", "explanation", "parts"), images, scores, poses, None, explanation, parts)
+    assert vector.shape == (3, 1 + K * 4 + 20)
+    np.testing.assert_array_equal(vector[:, 1 : 1 + K * 4], explanation.reshape(3, -1))
+    np.testing.assert_array_equal(vector[:, 1 + K * 4 :], parts.reshape(3, -1))
+    for name in ("explanation", "parts"):
+        with pytest.raises(ValueError, match=f"needs the model's {name} output"):
+            capsule_vector((name,), images, scores, poses, None)
+
+
 @pytest.mark.parametrize(("inputs", "missing"), [(("poses",), "poses"), (("distance",), "reconstruction")])
 def test_the_capsule_vector_names_a_missing_output(inputs: tuple[str, ...], missing: str) -> None:
     images, scores, _, _ = batch(2)
@@ -129,7 +142,7 @@ def test_the_pattern_feature_enters_the_score_and_one_image_scores_as_in_a_batch
     assert [p.name for p in parts] == ["pattern", "winning_score"]
     assert parts[0].contribution == pytest.approx(1.5 * -np.log(max(1 - cdf[0], 0.05)))
     assert OODPart("pattern", 3.0, 0.001, 9.0).says("2") == (
-        "the capsules' lengths and poses together look like a non-digit's, not a 2's: "
+        "the capsules' lengths, poses and routing together look like a non-digit's, not a 2's: "
         "0.10% of training digits are as extreme"
     )
 
@@ -197,6 +210,10 @@ def test_a_card_whose_network_does_not_fit_the_models_outputs_is_a_card_error(mo
     no_decoder = {**card, "outputs": [o for o in card["outputs"] if o["role"] != "reconstruction"], "ood": entry}
     with pytest.raises(CardError, match="reconstruction"):
         parse_card(no_decoder)
+    reads_parts = copy.deepcopy(entry)  # the tiny dynamic model has a routing map but no parts output
+    reads_parts["network"]["inputs"] = [*inputs, "parts"]
+    with pytest.raises(CardError, match="needs the model's parts output"):
+        parse_card({**card, "ood": reads_parts})
 
 
 @pytest.mark.parametrize(
@@ -206,10 +223,18 @@ def test_a_card_whose_network_does_not_fit_the_models_outputs_is_a_card_error(mo
 def test_the_counted_width_is_that_of_the_vector(inputs: tuple[str, ...], k: int) -> None:
     rng = np.random.default_rng(k)
     images, reconstruction = rng.random((2, 1, 4, 4)), rng.random((2, 1, 4, 4))
-    vector = capsule_vector(inputs, images, rng.random((2, k)), rng.normal(size=(2, k, 2, 2)), reconstruction)
-    assert vector_width(inputs, k, 4, has_reconstruction=True) == vector.shape[1]
+    explanation, parts = rng.random((2, k, 3, 3)), rng.random((2, 4, 2))
+    vector = capsule_vector(
+        inputs, images, rng.random((2, k)), rng.normal(size=(2, k, 2, 2)), reconstruction, explanation, parts
+    )
+    maps = {"explanation": k * 9, "parts": 8}
+    assert vector_width(inputs, k, 4, has_reconstruction=True, maps=maps) == vector.shape[1]
+    for name in ("explanation", "parts"):
+        if name in inputs:
+            with pytest.raises(ValueError, match=f"needs the model's {name} output"):
+                vector_width(inputs, k, 4, True, {n: v for n, v in maps.items() if n != name})
     if "distance" in inputs:
         with pytest.raises(ValueError, match="reconstruction"):
-            vector_width(inputs, k, 4, has_reconstruction=False)
+            vector_width(inputs, k, 4, has_reconstruction=False, maps=maps)
     with pytest.raises(ValueError, match="unknown network input 'colour'"):
         vector_width((*inputs, "colour"), k, 4, has_reconstruction=True)

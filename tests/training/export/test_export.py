@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from model.capsnet import CapsNet, count_parameters
-from model.config import CapsNetConfig
+from model.config import CapsNetConfig, EMCapsNetConfig
 from training.data.mnist import file_hashes, load_split, to_float
 from training.export import exporter as export
 from training.export import graphs as export_graphs
 from training.export.exporter import ExportError, export_checkpoint, export_module, verify_model_dir
+from training.export.rebuild import rebuild_model
 from training.fitting import evaluate
 from training.fitting.architectures import ARCHITECTURES
 from training.fitting.checkpoint import load_model
@@ -460,10 +461,19 @@ def test_em_export_has_no_decoder_and_asks_to_be_served_one_image_per_run(tmp_pa
     card = export_module(model, "em", config, out, name="tiny-em")
     assert set(card) == CARD_FIELDS | {"serving"}
     assert card["decoder"] is None and card["pose_shape"] == [4, 4] and card["scores"]["kind"] == "activation"
+    assert [(o["name"], o["role"]) for o in card["outputs"]] == [
+        ("activations", "scores"), ("poses", "poses"), ("parts", "parts")
+    ]  # fmt: skip
+    cells = EMCapsNetConfig.from_dict(config).caps2_grid ** 2
+    assert card["outputs"][2]["shape"] == [-1, cells, config["caps2_types"]]  # ConvCaps2: cells x types
     assert card["serving"]["max_batch_size"] == 1
     assert "python -m training.benchmarks.speed --arch em" in card["serving"]["why"]
     assert sorted(p.name for p in out.iterdir() if p.suffix == ".onnx") == ["capsnet.onnx"]
     verify_model_dir(out)
+    rebuilt, _, parity = rebuild_model(out)  # the routing geometry's constants are rebuilt from the config
+    for key, tensor in model.state_dict().items():
+        torch.testing.assert_close(rebuilt.state_dict()[key], tensor, rtol=0, atol=0)
+    assert set(parity) == {"capsnet.onnx:activations", "capsnet.onnx:poses", "capsnet.onnx:parts"}
 
 
 def test_parity_tolerance_scales_with_large_outputs_only() -> None:
