@@ -151,8 +151,9 @@ def measure(
         features[name] = gaussian.distance(outputs["scores"], outputs.get("poses"))
     if network is not None:
         features["pattern"] = PatternNetwork.from_card(network).pattern(
-            images, outputs["scores"], outputs.get("poses"), outputs.get("reconstruction")
-        )
+            images, outputs["scores"], outputs.get("poses"), outputs.get("reconstruction"), outputs.get("explanation"),
+            outputs.get("parts"),
+        )  # fmt: skip
     return features
 
 
@@ -233,9 +234,9 @@ def fit_detector(
     if network is not None:
         ood["network"] = network
         ood["method"] += (
-            "; pattern is the mean output of small two-layer perceptrons over every capsule's length and pose (and the "
-            "reconstruction distance), fitted on digits against synthetic non-digits (outlier exposure, Hendrycks "
-            "et al. 2019)"
+            "; pattern is the mean output of small two-layer perceptrons over every capsule's length and pose and "
+            "what routing saw (the reconstruction distance and routing map, or the part capsules' activations), "
+            "fitted on digits against synthetic non-digits (outlier exposure, Hendrycks et al. 2019)"
         )
     plain = OODCalibration.from_card(ood)
     order = [f.name for f in plain.features]
