@@ -191,3 +191,17 @@ def test_port_in_use_fails_at_once_with_one_line(model_repository: Path) -> None
         with socket.socket() as s:
             s.bind(("127.0.0.1", free))
     assert "models" not in done.stdout + done.stderr  # no model was loaded
+
+
+def test_the_app_keeps_numpys_blas_on_one_thread(model_repository: Path) -> None:
+    """Beside ONNX Runtime, a second OpenBLAS thread spinning after each of the score's small products costs the
+    server about a third of its throughput at concurrency 32 (docs/not-a-digit.md#cost)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from service.core.config import Settings
+    from service.main import create_app
+
+    with threadpool_limits(limits=2, user_api="blas"):  # restored afterwards, whatever create_app sets
+        create_app(Settings(model_repository=model_repository))
+        blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+        assert blas and all(pool["num_threads"] == 1 for pool in blas)
