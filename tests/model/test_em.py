@@ -308,12 +308,12 @@ def export_and_compare(tmp_path: Path, dynamo: bool) -> None:
     """Export the tiny model (opset 18, dynamic batch), then compare ONNX Runtime with PyTorch."""
     net = tiny_net().eval()
     path = tmp_path / "em.onnx"
-    names = {"input_names": ["image"], "output_names": ["activations", "poses"], "opset_version": 18}
+    names = {"input_names": ["image"], "output_names": ["activations", "poses", "parts"], "opset_version": 18}
     if dynamo:
         shapes = {"x": {0: torch.export.Dim("batch")}}
         torch.onnx.export(net, (torch.rand(2, 1, 28, 28),), path, dynamo=True, dynamic_shapes=shapes, **names)
     else:
-        axes = {"image": {0: "N"}, "activations": {0: "N"}, "poses": {0: "N"}}
+        axes = {"image": {0: "N"}, "activations": {0: "N"}, "poses": {0: "N"}, "parts": {0: "N"}}
         torch.onnx.export(net, (torch.rand(2, 1, 28, 28),), path, dynamo=False, dynamic_axes=axes, **names)
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto)
@@ -322,12 +322,13 @@ def export_and_compare(tmp_path: Path, dynamo: bool) -> None:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     cases = {"batch_1": torch.rand(1, 1, 28, 28), "batch_7": torch.rand(7, 1, 28, 28), **EDGE_IMAGES}
     for case, x in cases.items():
-        activations, poses = session.run(None, {"image": x.numpy()})
-        assert np.isfinite(activations).all() and np.isfinite(poses).all(), case
+        activations, poses, parts = session.run(None, {"image": x.numpy()})
+        assert np.isfinite(activations).all() and np.isfinite(poses).all() and np.isfinite(parts).all(), case
         with torch.no_grad():
             ref = net(x)
         np.testing.assert_allclose(activations, ref.activations.numpy(), atol=1e-4, rtol=0, err_msg=case)
         np.testing.assert_allclose(poses, ref.poses.numpy(), atol=1e-4, rtol=0, err_msg=case)
+        np.testing.assert_allclose(parts, ref.parts.numpy(), atol=1e-4, rtol=0, err_msg=case)
 
 
 def test_onnx_export_torchscript_exporter_matches_pytorch(tmp_path: Path) -> None:
