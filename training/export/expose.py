@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from service.contract import GRAPH_FILE, create_session, read_card, write_card
+from service.contract import GRAPH_FILE, ModelDirError, create_session, parse_card, read_card, write_card
 from training.data.mnist import load_split, to_float
 from training.options import add_data_dir
 
@@ -105,20 +105,36 @@ def run(model_dir: Path, tensor: str, name: str, role: str, description: str, da
         check_unchanged(graph, staged, card["input"]["name"], [o["name"] for o in card["outputs"]], images)
         session = create_session(staged, "cpu")
         (sample,) = session.run([name], {card["input"]["name"]: images[:2]})
+        checked = f"{len(images)} {'MNIST test' if data_dir else 'random'} images"
+        entry = {"name": name, "shape": [-1, *sample.shape[1:]], "datatype": "FP32", "role": role,
+                 "description": description}  # fmt: skip
+        card = exposed_card(card, staged.read_bytes(), tensor, entry, checked)
+        try:
+            parse_card(card)  # before the graph is replaced: a card the service would refuse changes nothing
+        except ModelDirError as e:
+            raise ExposeError(str(e)) from e
         staged.replace(graph)
     finally:
         staged.unlink(missing_ok=True)
-    data = graph.read_bytes()
-    entry: dict[str, Any] = {"name": name, "shape": [-1, *sample.shape[1:]], "datatype": "FP32", "role": role,
-                             "description": description}  # fmt: skip
-    card["outputs"] = [*card["outputs"], entry]
-    card["files"][GRAPH_FILE] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    card["version"] = str(int(card["version"]) + 1) if str(card["version"]).isdigit() else f"{card['version']}+1"
-    exposed = {"tensor": tensor, "output": name, "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-               "unchanged_on": f"{len(images)} {'MNIST test' if data_dir else 'random'} images"}  # fmt: skip
-    card["export"] = {**card["export"], "exposed": [*card["export"].get("exposed", []), exposed]}
     write_card(model_dir, card)
     return f"{model_dir.name} version {card['version']}: output {name!r} ({role}, shape {entry['shape']}) added"
+
+
+def exposed_card(
+    card: dict[str, Any], graph: bytes, tensor: str, entry: dict[str, Any], checked: str
+) -> dict[str, Any]:
+    """The card after exposing: the new output `entry`, the graph's hash and size, version + 1 and
+    `export.exposed` (which tensor, when, on what the other outputs were `checked` unchanged)."""
+    version = str(card["version"])
+    at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    exposed = {"tensor": tensor, "output": entry["name"], "at": at, "unchanged_on": checked}
+    return {
+        **card,
+        "outputs": [*card["outputs"], entry],
+        "files": {**card["files"], GRAPH_FILE: {"sha256": hashlib.sha256(graph).hexdigest(), "bytes": len(graph)}},
+        "version": str(int(version) + 1) if version.isdigit() else f"{version}+1",
+        "export": {**card["export"], "exposed": [*card["export"].get("exposed", []), exposed]},
+    }
 
 
 if __name__ == "__main__":

@@ -65,6 +65,20 @@ def test_the_new_output_is_the_tensor_and_nothing_else_changes(original: Path, t
     assert load_model_dir(directory).card is not None  # the service loads it
 
 
+def test_a_card_the_service_would_refuse_leaves_the_graph_as_it_was(
+    original: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = own_copy(original, tmp_path)
+    graph, card = (directory / "capsnet.onnx").read_bytes(), (directory / "model.json").read_text()
+    made = expose.exposed_card
+    monkeypatch.setattr(expose, "exposed_card", lambda *a: {**made(*a), "classes": []})  # an invalid card
+    assert expose.main([str(directory), "--tensor", first_relu(directory), "--name", "parts", "--role", "parts",
+                        "--description", "d"]) == 2  # fmt: skip
+    assert "invalid model card" in capsys.readouterr().err
+    assert (directory / "capsnet.onnx").read_bytes() == graph and (directory / "model.json").read_text() == card
+    assert not list(directory.glob("*.exposing.onnx"))
+
+
 def test_refuses_an_unknown_tensor_or_a_taken_name(
     original: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
