@@ -5,7 +5,8 @@ exactly as an upload would be. Each role has its own fonts and generators: `NOND
 (role `network`, another stream) and the combiner; `VALIDATION_SETS` choose the detector; `TEST_SETS` are reported
 once and share no font, generator or letter of another script with any other role (the shapes of `training.ood.shapes`);
 `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`). docs/not-a-digit.md lists them. Glyph
-twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav, ...) are in no set, and a
+twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav; Thai ro and o ang; Arabic
+waw, ha and mim; Devanagari ra and da, ...) are in no set, and a
 character is drawn only in the fonts that have its glyph.
 """
 
@@ -34,10 +35,15 @@ VARIED_FONT_FILES = (  # and fonts-dejavu-extra: the other faces of the same fam
 VARIED_FONT_PACKAGE = "fonts-dejavu-extra"
 LETTERS = "ACDEFHJKLMNPQRTUVWXYacdefhijkmnprtuvwxy"  # no glyph twins of digits
 SYMBOLS = "+−×÷=%#@&*?<>~^"  # no bars, slashes or brackets: after cropping they are ones
-SCRIPTS_FIT = "ξζηκνρστυГИЙКУЦЭгийкуцэשאמצם"  # Greek, Cyrillic and Hebrew letters the test sets do not hold
-SCRIPTS = "αβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпגדהכלנעפקרת"  # Greek, Cyrillic, Hebrew; no digit twins
+SCRIPTS_FIT = (  # Greek, Cyrillic and Hebrew letters; no digit twins
+    "ξζηκνρστυГИЙКУЦЭгийкуцэשאמצםαβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпגדהכלנעפקרת"
+)
+SCRIPTS = (  # Thai, Hangul syllables, Ethiopic, Devanagari and Arabic letters the fitting never draws; no digit twins
+    "กขคฆฉชซญฎฏฐฑฒณดตถทนบปผฝพฟภมยศษสหฬ" "한글국어말사람나무하늘바다강산별달꽃"
+    "ሀለሐመሠሰሸቀበተቸኀነኘአከኸወዘዠየደጀጠጨጰጸፀፈፐ" "कखगघङचछजझञणतथधनपफबभमयलवशषसह" "بتثجحخسشصضطظفقكلني"
+)  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
-FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, nine families more, Gentium, Ezra
+FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 25 families more (6 handwriting-like)
     "truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeMono.ttf",
     "truetype/freefont/FreeSansBold.ttf", "truetype/freefont/FreeSerifItalic.ttf",
     "truetype/humor-sans/Humor-Sans.ttf", "opentype/comic-neue/ComicNeue-Regular.otf",
@@ -52,6 +58,15 @@ FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, nin
     "opentype/cantarell/Cantarell-Regular.otf", "opentype/ebgaramond/EBGaramond12-Regular.otf",
     "truetype/tlwg/Purisa.ttf", "truetype/andika/Andika-Regular.ttf", "truetype/comfortaa/Comfortaa-Regular.ttf",
     "truetype/gentium/Gentium-R.ttf", "truetype/ezra/SILEOT.ttf",
+
+    "truetype/lato/Lato-Regular.ttf", "opentype/inter/Inter-Regular.otf", "opentype/cabin/Cabin-Regular.otf",
+    "truetype/karla/Karla-Regular.otf", "truetype/adf/GilliusADF-Regular.otf", "truetype/adf/BaskervaldADFStd.otf",
+    "opentype/jura/Jura-Regular.otf", "opentype/dosis/Dosis-Book.otf", "truetype/lindenhill/LindenHill.otf",
+    "truetype/averia-gwf/AveriaSansGWF-Regular.ttf", "truetype/ecolier-court/Ecolier-court.ttf",
+    "truetype/klee/KleeOne-Regular.ttf", "opentype/bwht/BecauseWeLearn-Regular.otf",
+    "opentype/bwht/BecauseWeCreate-Regular.otf", "opentype/kaushanscript/KaushanScript-Regular.otf",
+    "truetype/cabinsketch/CabinSketch-Regular.ttf", "opentype/neohellenic/GFSNeohellenic.otf",
+    "truetype/culmus/FrankRuehlCLM-Medium.ttf", "truetype/culmus/DavidCLM-Medium.otf",
 )  # fmt: skip
 VALIDATION_FONTS = (  # fonts-liberation
     "truetype/liberation/LiberationSans-Regular.ttf",
@@ -64,19 +79,20 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
     "truetype/tomsontalks/TomsonTalks.ttf",
     "opentype/urw-base35/Z003-MediumItalic.otf",
 )
-TEST_FONTS = (  # typefaces no other role uses; the last six are handwriting-like (school cursive, pen, brush)
-    "truetype/lato/Lato-Regular.ttf", "opentype/inter/Inter-Regular.otf", "opentype/cabin/Cabin-Regular.otf",
-    "truetype/karla/Karla-Regular.otf", "truetype/adf/GilliusADF-Regular.otf", "truetype/adf/BaskervaldADFStd.otf",
-    "opentype/jura/Jura-Regular.otf", "opentype/dosis/Dosis-Book.otf", "truetype/lindenhill/LindenHill.otf",
-    "truetype/averia-gwf/AveriaSansGWF-Regular.ttf", "truetype/ecolier-court/Ecolier-court.ttf",
-    "truetype/klee/KleeOne-Regular.ttf", "opentype/bwht/BecauseWeLearn-Regular.otf",
-    "opentype/bwht/BecauseWeCreate-Regular.otf", "opentype/kaushanscript/KaushanScript-Regular.otf",
-    "truetype/cabinsketch/CabinSketch-Regular.ttf",
+TEST_FONTS = (  # typefaces no other role uses; the last six are handwriting-like (pen, brush, school hands)
+    "truetype/roboto/unhinted/RobotoTTF/Roboto-Regular.ttf", "truetype/quicksand/Quicksand-Regular.ttf",
+    "opentype/league-spartan/LeagueSpartan-Regular.otf", "truetype/vollkorn/Vollkorn-Regular.ttf",
+    "truetype/fonts-oldstandard/OldStandard-Regular.ttf", "truetype/charis/CharisSIL-Regular.ttf",
+    "opentype/sortsmill/GoudyBookletter1911.otf", "truetype/tuffy/Tuffy.ttf", "fonts-go/Go-Regular.ttf",
+    "opentype/opendyslexic/OpenDyslexic-Regular.otf", "truetype/seto/setofont.ttf", "truetype/nanum/NanumPen.ttf",
+    "truetype/nanum/NanumBrush.ttf", "opentype/lobstertwo/LobsterTwo-Regular.otf",
+    "opentype/malayalam/Chilanka-Regular.otf", "truetype/tlwg/Sawasdee.ttf",
 )  # fmt: skip
-SCRIPT_FONTS = (  # test fonts with Greek and Cyrillic, GFS Neohellenic for Greek, and Culmus for Hebrew
-    "truetype/lato/Lato-Regular.ttf", "opentype/inter/Inter-Regular.otf", "opentype/jura/Jura-Regular.otf",
-    "truetype/klee/KleeOne-Regular.ttf", "opentype/neohellenic/GFSNeohellenic.otf",
-    "truetype/culmus/FrankRuehlCLM-Medium.ttf", "truetype/culmus/DavidCLM-Medium.otf",
+SCRIPT_FONTS = (  # Thai (Loma, Kinnari), Korean (Un fonts, Nanum Myeongjo), Ethiopic, Devanagari, Arabic (Amiri)
+    "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
+    "truetype/unfonts-core/UnDotum.ttf", "truetype/nanum/NanumMyeongjo.ttf",
+    "truetype/abyssinica/AbyssinicaSIL-Regular.ttf", "truetype/lohit-devanagari/Lohit-Devanagari.ttf",
+    "opentype/fonts-hosny-amiri/Amiri-Regular.ttf",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -94,14 +110,20 @@ FONT_PACKAGES = {  # the Debian package of each font folder, to name in an error
     "femkeklaver": "fonts-femkeklaver", "liberation": "fonts-liberation", "rufscript": "fonts-rufscript",
     "tomsontalks": "fonts-tomsontalks", "crosextra": "fonts-crosextra-carlito fonts-crosextra-caladea",
     "open-sans": "fonts-open-sans", "cantarell": "fonts-cantarell", "ebgaramond": "fonts-ebgaramond",
-    "tlwg": "fonts-tlwg-purisa-ttf", "andika": "fonts-sil-andika", "comfortaa": "fonts-comfortaa",
+    "tlwg": "fonts-tlwg-purisa-ttf fonts-tlwg-loma-ttf fonts-tlwg-kinnari-ttf fonts-tlwg-sawasdee-ttf", "andika": "fonts-sil-andika", "comfortaa": "fonts-comfortaa",
     "gentium": "fonts-sil-gentium", "ezra": "fonts-sil-ezra", "linux-libertine": "fonts-linuxlibertine",
     "kristi": "fonts-kristi", "dancingscript": "fonts-dancingscript", "lato": "fonts-lato", "inter": "fonts-inter",
     "cabin": "fonts-cabin", "karla": "fonts-karla", "adf": "fonts-adf-gillius fonts-adf-baskervald",
     "jura": "fonts-jura", "dosis": "fonts-dosis", "lindenhill": "fonts-lindenhill",
     "averia-gwf": "fonts-averia-sans-gwf", "ecolier-court": "fonts-ecolier-court", "klee": "fonts-klee",
     "bwht": "fonts-bwht", "kaushanscript": "fonts-kaushanscript", "cabinsketch": "fonts-cabinsketch",
-    "neohellenic": "fonts-gfs-neohellenic", "culmus": "culmus",
+    "neohellenic": "fonts-gfs-neohellenic", "culmus": "culmus", "roboto": "fonts-roboto-unhinted",
+    "quicksand": "fonts-quicksand", "league-spartan": "fonts-league-spartan", "vollkorn": "fonts-vollkorn",
+    "fonts-oldstandard": "fonts-oldstandard", "charis": "fonts-sil-charis", "sortsmill": "fonts-goudybookletter",
+    "tuffy": "fonts-tuffy", "fonts-go": "fonts-go", "opendyslexic": "fonts-opendyslexic", "seto": "fonts-seto",
+    "nanum": "fonts-nanum fonts-nanum-extra", "lobstertwo": "fonts-lobstertwo", "malayalam": "fonts-smc-chilanka",
+    "unfonts-core": "fonts-unfonts-core", "abyssinica": "fonts-sil-abyssinica",
+    "lohit-devanagari": "fonts-lohit-deva", "fonts-hosny-amiri": "fonts-hosny-amiri",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -255,6 +277,12 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "field_noise": shapes.field_noise,
     "pages": shapes.pages,
     "dust": shapes.dust,
+    "brush_strokes": shapes.brush_strokes,
+    "spirographs": shapes.spirographs,
+    "masonry": shapes.masonry,
+    "block_noise": shapes.block_noise,
+    "lit_pages": shapes.lit_pages,
+    "sensor_noise": shapes.sensor_noise,
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
@@ -270,12 +298,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": shapes.brush_strokes,
-    "scribbles": shapes.spirographs,
-    "textures": shapes.masonry,
-    "noise": shapes.block_noise,
-    "blank": shapes.lit_pages,
-    "near_blank": shapes.sensor_noise,
+    "strokes": shapes.nib_strokes,
+    "scribbles": shapes.knots,
+    "textures": shapes.weaves,
+    "noise": shapes.scan_noise,
+    "blank": shapes.vignettes,
+    "near_blank": shapes.stains,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

@@ -1,8 +1,8 @@
 """Drawn non-digits that need no font: noise, blank pages, strokes, scribbles and textures, each on its own canvas.
 
 The generators of each role are listed in `training.ood.nondigits`. Those the reported test sets use
-(`brush_strokes`, `spirographs`, `masonry`, `block_noise`, `lit_pages`, `sensor_noise`) draw nothing any
-fitting or validation set draws: other shapes, other noise, other pages.
+(`nib_strokes`, `knots`, `weaves`, `scan_noise`, `vignettes`, `stains`) draw nothing any fitting or validation
+set draws: other shapes, other noise, other pages.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def dust(rng: np.random.Generator) -> np.ndarray:
     return np.clip(page, 0, 1)
 
 
-# The test sets' generators: nothing else draws these.
+# More generators the fitting sets use: brush strokes, spirographs, masonry, block noise, lit pages, sensor noise.
 
 
 def brush_strokes(rng: np.random.Generator) -> np.ndarray:
@@ -323,6 +323,96 @@ def sensor_noise(rng: np.random.Generator) -> np.ndarray:
     n = int(rng.integers(1, 4))
     page[rng.integers(0, h, n), rng.integers(0, w, n)] = rng.uniform(0.5, 1, n)
     return page
+
+
+# The test sets' generators: nothing else draws these.
+
+
+def nib_strokes(rng: np.random.Generator) -> np.ndarray:
+    """Two or three strokes of a broad-nib pen held at one angle (one alone is often a 1): along a smooth path (a
+    quadratic through three points) the mark is widest (6 to 16 pixels) across the nib and thinnest (1 to 3) along
+    it, on a 112 canvas."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    nib, t = rng.uniform(0, np.pi), np.linspace(0, 1, 80)[:, None]
+    for _ in range(rng.integers(2, 4)):
+        p0, p1, p2 = rng.uniform(12, CANVAS - 12, (3, 2))
+        path = (1 - t) ** 2 * p0 + 2 * (1 - t) * t * p1 + t**2 * p2
+        heading = np.arctan2(*np.gradient(path, axis=0).T[::-1])
+        wide, thin = rng.uniform(6, 16), rng.uniform(1, 3)
+        half = (thin + (wide - thin) * np.abs(np.sin(heading - nib))) / 2
+        for (x, y), h in zip(path, half, strict=True):
+            dx, dy = h * np.cos(nib), h * np.sin(nib)
+            draw.line((x - dx, y - dy, x + dx, y + dy), fill=255, width=2)
+    return np.asarray(canvas) / 255.0
+
+
+def knots(rng: np.random.Generator) -> np.ndarray:
+    """A closed random curve that crosses itself several times: x and y each a sum of harmonics 2 to 5 of random
+    amplitude and phase (a Fourier knot), 3-7 pixels wide on a 112 canvas."""
+    t = np.linspace(0, 2 * np.pi, 600)
+    k = np.arange(2, 6)[:, None]
+    x, y = ((rng.uniform(0.3, 1, (4, 1)) * np.cos(k * t + rng.uniform(0, 2 * np.pi, (4, 1)))).sum(0) for _ in "xy")
+    points = np.stack([x, y], axis=1)
+    points = points / np.abs(points).max() * rng.uniform(30, 48) + CANVAS / 2
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    ImageDraw.Draw(canvas).line([tuple(p) for p in points], fill=255, width=int(rng.integers(3, 8)), joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def weaves(rng: np.random.Generator) -> np.ndarray:
+    """A woven or printed textile: plaid (bands of random widths and grays across and down, averaged), basket
+    weave (blocks of stripes turning by 90 degrees) or a grid of polka dots."""
+    y, x = np.mgrid[0:FIELD, 0:FIELD].astype(np.float64)
+    kind = rng.integers(3)
+    if kind == 0:
+        bands = []
+        for v in (x, y):
+            grays = rng.uniform(0, 1, int(rng.integers(3, 7)))
+            bands.append(grays[np.floor(v / rng.uniform(3, 9)).astype(int) % len(grays)])
+        return (bands[0] + bands[1]) / 2
+    if kind == 1:
+        block, period = rng.uniform(8, 16), rng.uniform(2.5, 5)
+        turn = (np.floor(x / block) + np.floor(y / block)) % 2
+        return np.where(turn == 0, (y % period) < period / 2, (x % period) < period / 2).astype(np.float64)
+    step, radius = rng.uniform(8, 16), rng.uniform(0.2, 0.4)
+    offset = (np.floor(y / step) % 2) * step / 2 * rng.integers(2)
+    return ((np.hypot((x + offset) % step - step / 2, y % step - step / 2) < radius * step)).astype(np.float64)
+
+
+def scan_noise(rng: np.random.Generator) -> np.ndarray:
+    """Noise of kinds no other set draws: photon (Poisson) noise of a dim exposure, scan lines (every row its own
+    gray), or a flat gray halftoned by an ordered 4x4 dither; 40 to 128 pixels a side."""
+    side = int(rng.integers(40, 129))
+    kind = rng.integers(3)
+    if kind == 0:
+        level = rng.uniform(0.5, 6)
+        return np.clip(rng.poisson(level, (side, side)) / (3 * level), 0, 1)
+    if kind == 1:
+        rows = rng.uniform(0, 1, (side, 1))
+        return np.clip(rows + rng.normal(0, 0.03, (side, side)), 0, 1)
+    bayer = np.array([[0, 8, 2, 10], [12, 4, 14, 6], [3, 11, 1, 9], [15, 7, 13, 5]]) / 16 + 1 / 32
+    return (rng.uniform(0.15, 0.85) > np.tile(bayer, (side // 4 + 1, side // 4 + 1))[:side, :side]).astype(np.float64)
+
+
+def vignettes(rng: np.random.Generator) -> np.ndarray:
+    """A blank sheet under a lens's vignetting: a page of random size (24 to 160 pixels) whose gray falls off
+    towards the corners by at most 3 of 255 levels."""
+    h, w = (int(v) for v in rng.integers(24, 161, 2))
+    y, x = np.mgrid[0:h, 0:w]
+    falloff = np.hypot((y - (h - 1) / 2) / max(h / 2, 1), (x - (w - 1) / 2) / max(w / 2, 1)) ** 2 / 2  # 0 to 1
+    return np.clip(rng.uniform(0.05, 0.95) - falloff * rng.uniform(0, 3 / 255), 0, 1)
+
+
+def stains(rng: np.random.Generator) -> np.ndarray:
+    """A near-blank page (40 to 128 pixels a side) with one faint stain: smooth noise inside a soft disc of 3 to 10
+    pixels, at most a third of full contrast, as a drop of coffee or a fingerprint leaves."""
+    h, w = (int(v) for v in rng.integers(40, 129, 2))
+    y, x = np.mgrid[0:h, 0:w]
+    r, c, size = rng.uniform(0.2, 0.8) * h, rng.uniform(0.2, 0.8) * w, rng.uniform(3, 10)
+    disc = np.exp(-(((y - r) ** 2 + (x - c) ** 2) / (2 * size * size)) ** 2)
+    raw = Image.fromarray(rng.uniform(0, 255, (h, w)).astype(np.uint8)).filter(ImageFilter.GaussianBlur(2))
+    return np.clip(disc * np.asarray(raw, np.float64) / 255 * rng.uniform(0.1, 0.6), 0, 1)
 
 
 def _rescaled(field: np.ndarray) -> np.ndarray:
