@@ -179,12 +179,34 @@ def vector_width(
 class PatternNetwork:
     """The card's `network`: standardise `capsule_vector` (mean, scale), then each member's dense layers with ReLU
     between them; the members' outputs (one number per image each) are averaged into the `pattern` feature
-    (log-odds of a non-digit)."""
+    (log-odds of a non-digit). Runs in float32 (as fitted), the members' first layers as one matrix product."""
 
     inputs: tuple[str, ...]
     mean: np.ndarray  # (D,)
     scale: np.ndarray  # (D,)
     members: tuple[tuple[tuple[np.ndarray, np.ndarray], ...], ...]  # per member: (weight (out, in), bias (out,))
+    # for `__call__`: every member's first layer stacked, transposed (D, total width), and its bias; each member's
+    # columns of it (start, end) and deeper layers (weight transposed (in, out), bias). float32, or float64 for weights
+    # beyond float32's range
+    _first: np.ndarray = field(init=False, repr=False, compare=False)
+    _first_bias: np.ndarray = field(init=False, repr=False, compare=False)
+    _deeper: tuple[tuple[int, int, tuple[tuple[np.ndarray, np.ndarray], ...]], ...] = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        big = max(float(np.abs(a).max(initial=0.0)) for layers in self.members for layer in layers for a in layer)
+        dtype = np.float32 if big <= float(np.finfo(np.float32).max) else np.float64
+        firsts = [layers[0] for layers in self.members]
+        object.__setattr__(self, "_first", np.ascontiguousarray(np.concatenate([w for w, _ in firsts]).T, dtype))
+        object.__setattr__(self, "_first_bias", np.concatenate([b for _, b in firsts]).astype(dtype))
+        deeper, start = [], 0
+        for layers in self.members:
+            end = start + len(layers[0][1])
+            rest = tuple((np.ascontiguousarray(w.T, dtype), b.astype(dtype)) for w, b in layers[1:])
+            deeper.append((start, end, rest))
+            start = end
+        object.__setattr__(self, "_deeper", tuple(deeper))
 
     @classmethod
     def from_card(cls, entry: Mapping[str, Any]) -> PatternNetwork:
@@ -228,14 +250,15 @@ class PatternNetwork:
             raise ValueError(
                 f"the pattern network takes {self.width} numbers per image, the model gave {vectors.shape[1]}"
             )
-        x = (vectors - self.mean) / self.scale
+        x = ((vectors - self.mean) / self.scale).astype(self._first.dtype)  # standardised in float64, as fitted
+        hidden = x @ self._first
+        hidden += self._first_bias
         total = np.zeros(len(x))
-        for layers in self.members:
-            h = x
-            for k, (weight, bias) in enumerate(layers):
-                h = h @ weight.T + bias
-                if k < len(layers) - 1:
-                    h = np.maximum(h, 0.0)
+        for start, end, layers in self._deeper:
+            h = hidden[:, start:end]
+            for weight, bias in layers:
+                h = np.maximum(h, 0) @ weight
+                h += bias
             total += h[:, 0]
         return total / len(self.members)
 

@@ -104,13 +104,14 @@ CONFIRMATION_HANDWRITING = (  # fonts-kristi, fonts-dancingscript
     "opentype/dancingscript/DancingScript-Regular.otf",
     "opentype/dancingscript/DancingScript-Bold.otf",
 )
-FONT_PACKAGES = {  # the Debian package of each font folder, to name in an error
+FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name in an error
     "freefont": "fonts-freefont-ttf", "humor-sans": "fonts-humor-sans", "comic-neue": "fonts-comic-neue",
     "urw-base35": "fonts-urw-base35", "breip": "fonts-breip", "fifthhorseman": "fonts-dkg-handwriting",
     "femkeklaver": "fonts-femkeklaver", "liberation": "fonts-liberation", "rufscript": "fonts-rufscript",
     "tomsontalks": "fonts-tomsontalks", "crosextra": "fonts-crosextra-carlito fonts-crosextra-caladea",
     "open-sans": "fonts-open-sans", "cantarell": "fonts-cantarell", "ebgaramond": "fonts-ebgaramond",
-    "tlwg": "fonts-tlwg-purisa-ttf fonts-tlwg-loma-ttf fonts-tlwg-kinnari-ttf fonts-tlwg-sawasdee-ttf", "andika": "fonts-sil-andika", "comfortaa": "fonts-comfortaa",
+    "Purisa.ttf": "fonts-tlwg-purisa-ttf", "Loma.ttf": "fonts-tlwg-loma-ttf", "Kinnari.ttf": "fonts-tlwg-kinnari-ttf",
+    "Sawasdee.ttf": "fonts-tlwg-sawasdee-ttf", "andika": "fonts-sil-andika", "comfortaa": "fonts-comfortaa",
     "gentium": "fonts-sil-gentium", "ezra": "fonts-sil-ezra", "linux-libertine": "fonts-linuxlibertine",
     "kristi": "fonts-kristi", "dancingscript": "fonts-dancingscript", "lato": "fonts-lato", "inter": "fonts-inter",
     "cabin": "fonts-cabin", "karla": "fonts-karla", "adf": "fonts-adf-gillius fonts-adf-baskervald",
@@ -148,12 +149,17 @@ def varied_font_paths() -> list[Path]:
     return paths
 
 
+def package_of(name: str) -> str:
+    """The Debian package of the font at `name` (under FONT_ROOT): its file's or nearest folder's, else "?"."""
+    return next((FONT_PACKAGES[p] for p in reversed(Path(name).parts) if p in FONT_PACKAGES), "?")
+
+
 def held_out_fonts(names: tuple[str, ...]) -> list[Path]:
     """The fonts of `names` (paths under FONT_ROOT); FontMissing names the Debian packages of those absent."""
     paths = [FONT_ROOT / name for name in names]
     missing = [(p, name) for p, name in zip(paths, names, strict=True) if not p.is_file()]
     if missing:
-        packages = sorted({FONT_PACKAGES.get(Path(name).parts[1], "?") for _, name in missing})
+        packages = sorted({package_of(name) for _, name in missing})
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise FontMissing(f"these sets need Debian's {' '.join(packages)}; missing {missing[0][0]}{more}")
     return paths

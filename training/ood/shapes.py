@@ -377,7 +377,7 @@ def weaves(rng: np.random.Generator) -> np.ndarray:
         return np.where(turn == 0, (y % period) < period / 2, (x % period) < period / 2).astype(np.float64)
     step, radius = rng.uniform(8, 16), rng.uniform(0.2, 0.4)
     offset = (np.floor(y / step) % 2) * step / 2 * rng.integers(2)
-    return ((np.hypot((x + offset) % step - step / 2, y % step - step / 2) < radius * step)).astype(np.float64)
+    return (np.hypot((x + offset) % step - step / 2, y % step - step / 2) < radius * step).astype(np.float64)
 
 
 def scan_noise(rng: np.random.Generator) -> np.ndarray:
@@ -410,7 +410,7 @@ def stains(rng: np.random.Generator) -> np.ndarray:
     h, w = (int(v) for v in rng.integers(40, 129, 2))
     y, x = np.mgrid[0:h, 0:w]
     r, c, size = rng.uniform(0.2, 0.8) * h, rng.uniform(0.2, 0.8) * w, rng.uniform(3, 10)
-    disc = np.exp(-(((y - r) ** 2 + (x - c) ** 2) / (2 * size * size)) ** 2)
+    disc = np.exp(-((((y - r) ** 2 + (x - c) ** 2) / (2 * size * size)) ** 2))
     raw = Image.fromarray(rng.uniform(0, 255, (h, w)).astype(np.uint8)).filter(ImageFilter.GaussianBlur(2))
     return np.clip(disc * np.asarray(raw, np.float64) / 255 * rng.uniform(0.1, 0.6), 0, 1)
 

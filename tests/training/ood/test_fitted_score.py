@@ -123,9 +123,11 @@ def test_missing_held_out_fonts_name_the_packages(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(nondigits, "FONT_ROOT", tmp_path)
     with pytest.raises(FontMissing, match=r"sets need Debian's fonts-liberation; missing .*Sans-Regular\.ttf and 3"):
         make_set("letters", 1, seed=0, role="validation")
-    with pytest.raises(FontMissing, match="need Debian's fonts-adf-gillius fonts-adf-baskervald fonts-averia-sans-gwf"):
+    with pytest.raises(FontMissing, match="need Debian's fonts-go fonts-goudybookletter fonts-league-spartan"):
         make_set("letters", 1, seed=0, role="test")
-    with pytest.raises(FontMissing, match="need Debian's fonts-breip fonts-cantarell fonts-comfortaa fonts-comic-neue"):
+    with pytest.raises(FontMissing, match="need Debian's fonts-hosny-amiri fonts-lohit-deva fonts-nanum "):
+        make_set("other_scripts", 1, seed=0, role="test")
+    with pytest.raises(FontMissing, match="need Debian's culmus fonts-adf-gillius fonts-adf-baskervald fonts-averia"):
         make_set("font_letters", 1, seed=0)
     with pytest.raises(ValueError, match="unknown validation non-digit set 'noise'"):
         make_set("noise", 1, seed=0, role="validation")
