@@ -38,10 +38,12 @@ from training.report.compute import (
     progress_line,
     trained_on,
 )
+from training.report.projection import outlook
 
 log = logging.getLogger(__name__)
 
 PAPER_ERROR = 0.0039  # the paper's baseline CNN on MNIST (Sabour et al. 2017, Table 1)
+TARGET_ERROR = 0.006  # the report run's target: 0.60% test error on all 10,000 test digits
 
 
 def capsnet_reference(path: Path, train_digits: int) -> dict[str, Any]:
@@ -108,7 +110,7 @@ def at_compute(points: list[dict[str, Any]], pflop: float) -> dict[str, Any] | N
 
 
 def curve_figure(path: Path, curves: dict[str, list[dict[str, Any]]]) -> None:
-    """Test error against training images seen and against training FLOPs, one line per model."""
+    """Test error against training images seen (with the target) and against training FLOPs, one line per model."""
     with figure(path, figsize=(10, 4)) as fig:
         by_images, by_flops = fig.subplots(1, 2)
         for name, points in curves.items():
@@ -117,6 +119,7 @@ def curve_figure(path: Path, curves: dict[str, list[dict[str, Any]]]) -> None:
             by_flops.plot([p["pflop"] for p in points], errors, "o-", label=name)
         by_images.set(xlabel="training images seen", ylabel="test error (%)", xscale="log", yscale="log")
         by_flops.set(xlabel="training compute (PFLOP)", ylabel="test error (%)", xscale="log", yscale="log")
+        by_images.axhline(100 * TARGET_ERROR, color="gray", linestyle="--", label="target")
         for ax in (by_images, by_flops):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
@@ -178,6 +181,10 @@ def render_baseline(ctx: Context, saved: Saved | None, reason: str | None) -> st
             f"{pct(ours[-1]['test_error'])} test error; the paper's converged model has {pct(PAPER_ERROR)}, so "
             "training it to convergence is left."
         )
+    if prog:
+        evidence = f"[the curve above]({rel(ctx, curve)})"
+        sentence = outlook(r["history"], TARGET_ERROR, prog["images_per_epoch"], prog["images_planned"], curve=evidence)
+        out += [f"**Projection.** {sentence}", ""]
     out += closing_note(saved.command, prog, left)
     return "\n".join(out)
 

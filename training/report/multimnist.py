@@ -36,12 +36,15 @@ from training.report.compute import (
     progress_line,
     trained_on,
 )
+from training.report.projection import outlook
 
 log = logging.getLogger(__name__)
 
 PAPER_CAPSNET = "CapsNet, 3 iterations, reconstruction"
 PAPER_MULTIMNIST = {PAPER_CAPSNET: 5.2, "Baseline CNN": 8.1}
 PAPER_COMPOSITES = 60_000_000  # the paper's training composites (1,000 per training digit)
+TARGET_ERROR = 0.10  # the report run's target: 10% two-digit error ...
+TARGET_COMPOSITES = 2_000_000  # ... after at least this many training composites
 
 
 def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -137,14 +140,18 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
     ]
     headers = ["model", "parameters", "epochs", "training composites", "two-digit error", "test composites"]
     out += [md_table(headers, rows), "", provenance(saved), ""]
+    curve = ctx.figures / "multimnist_curve.png"
     if r["history"]:
-        curve = ctx.figures / "multimnist_curve.png"
         with figure(curve, figsize=(5, 3.5)) as fig:
             ax = fig.subplots()
-            per_epoch = prog["images_per_epoch"] if prog else 0
+            per_epoch = prog["images_per_epoch"] if prog else r["train_digits"]
             ax.plot([h["epoch"] * per_epoch for h in r["history"]], [100 * h["test_error"] for h in r["history"]], "o-")
+            ax.axhline(100 * TARGET_ERROR, color="gray", linestyle="--", label="target")
             ax.set(xlabel="training composites seen", ylabel="two-digit test error (%)", title="CapsNet on MultiMNIST")
-            ax.grid(True, alpha=0.3)
+            ax.set(xscale="log", yscale="log")
+            ax.tick_params(axis="x", which="minor", labelbottom=False)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
         out += [f"![MultiMNIST test error by training composites]({rel(ctx, curve)})", ""]
     a = saved.arrays
     if a and r["history"]:  # (an untrained model's reconstructions show nothing)
@@ -184,8 +191,22 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
             f"{pct(last_error)} two-digit error against the paper's {pct(paper_error, 1)}: training on more "
             "composites is left."
         )
+    if prog:
+        out += [f"**Projection.** {projection_note(r['history'], prog, f'[the curve above]({rel(ctx, curve)})')}", ""]
     out += closing_note(saved.command, prog, left)
     return "\n".join(out)
+
+
+def projection_note(history: list[dict[str, Any]], prog: dict[str, Any], evidence: str) -> str:
+    """The run's outlook for the target error, and whether it plans the composites the target asks for."""
+    planned = int(prog["images_planned"])
+    sentence = outlook(
+        history, TARGET_ERROR, prog["images_per_epoch"], planned, unit="composites", measure="two-digit test error",
+        curve=evidence,
+    )  # fmt: skip
+    if planned < TARGET_COMPOSITES:
+        sentence += f" The target asks for {TARGET_COMPOSITES:,} training composites; this run plans {planned:,}."
+    return sentence
 
 
 def compute_paragraph(r: dict[str, Any], prog: dict[str, Any], machine: dict[str, Any]) -> str:

@@ -3,17 +3,19 @@
     python -m training.report.projection runs/report/baseline/baseline-mnist/metrics.jsonl --target 0.006 \
         --epoch-images 30000 [--key test_error] [--last N]
 
-Fits log(error) = log(a) - b log(images) by least squares to the last `--last` epochs of a `metrics.jsonl` (by
-default its second half; epoch k has seen k x `--epoch-images` images) and prints one JSON object: the slope b, the
-images at which the line reaches `--target`, how many more that is, and the hours they take at the run's own
-images/s. A curve that is not falling (b <= 0), or falls too slowly to get there within 1e15 images, reaches no
-target. A power law without a floor is the optimistic reading of a curve that flattens: when even it needs more than
-three times a run's planned compute, the target is out of that run's reach.
+Fits log(error) = log(a) - b log(images) by least squares to the best error so far at each of the last `--last`
+epochs of a `metrics.jsonl` (by default its second half; epoch k has seen k x `--epoch-images` images) and prints
+one JSON object: the slope b, the images at which the line reaches `--target`, how many more that is, and the hours
+they take at the run's own images/s. A curve that is not falling (b <= 0), or falls too slowly to get there within
+1e15 images, reaches no target. A power law without a floor is the optimistic reading of a curve that flattens: when
+even it needs more than three times a run's planned compute, the target is out of that run's reach. `verdict` and
+`outlook` say so in words.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -25,6 +27,7 @@ import numpy as np
 
 MIN_POINTS = 2
 NEVER = 1e15  # training images beyond which a curve is said to reach no target (and floats would overflow)
+REACH = 3  # a target needing more than this many times a run's planned training images is out of its reach
 
 
 @dataclass(frozen=True)
@@ -32,12 +35,13 @@ class Projection:
     """Where a curve's power law reaches a target error; `images_to_target` is None when it never does."""
 
     target: float
+    epoch_images: int
     epochs_fitted: int
     images_done: int
     error_now: float  # the fitted line's error at images_done
     best_error: float  # the lowest error the run measured
     slope: float  # b in error ~ images^-b
-    images_to_target: int | None
+    images_to_target: int | None  # when reached: the images of the first epoch at or below the target
     images_more: int | None
     hours_more: float | None  # at the run's mean images/s over the fitted epochs
 
@@ -49,11 +53,13 @@ class Projection:
 def project(rows: list[dict[str, Any]], target: float, epoch_images: int, key: str = "test_error",
             last: int | None = None) -> Projection:  # fmt: skip
     """The power-law projection of `rows` (metrics.jsonl rows in epoch order) to `target` error, fitted to the
-    `last` epochs (default: the second half of the curve, where its slope is its present one)."""
+    `last` epochs (default: the second half of the curve, where its slope is its present one) of the best error so
+    far (the run's kept checkpoint), which a noisy curve's last few epochs cannot tip."""
     if target <= 0 or epoch_images < 1 or (last is not None and last < MIN_POINTS):
         raise ValueError(f"--target must be above 0, --epoch-images at least 1 and --last at least {MIN_POINTS}")
-    points = [(int(r["epoch"]) * epoch_images, float(r[key]), r) for r in rows if r.get(key) is not None]
-    points = [p for p in points if p[1] > 0]
+    measured = [(int(r["epoch"]) * epoch_images, float(r[key]), r) for r in rows if r.get(key) is not None]
+    best_so_far = list(itertools.accumulate((e for _, e, _ in measured), min))
+    points = [(n, b, r) for (n, _, r), b in zip(measured, best_so_far, strict=True) if b > 0]
     points = points[-(last if last is not None else max(MIN_POINTS, math.ceil(len(points) / 2))) :]
     if len(points) < MIN_POINTS:
         raise ValueError(f"fitting needs at least 2 epochs with a positive {key}; the file has {len(points)}")
@@ -61,17 +67,96 @@ def project(rows: list[dict[str, Any]], target: float, epoch_images: int, key: s
     slope = float(-fall)
     done = points[-1][0]
     error_now = math.exp(intercept - slope * math.log(done))
-    best = min(float(r[key]) for r in rows if r.get(key) is not None)
+    best = min(e for _, e, _ in measured)
     rates = [float(r["images_per_second"]) for _, _, r in points if r.get("images_per_second")]
     rate = sum(rates) / len(rates) if rates else None
     to_target: int | None = None
     if best <= target:
-        to_target = min(n for n, e, _ in points if e <= target) if any(e <= target for _, e, _ in points) else done
+        to_target = next(n for n, e, _ in measured if e <= target)
     elif slope > 0 and (log_images := math.log(done) + math.log(error_now / target) / slope) < math.log(NEVER):
         to_target = math.ceil(math.exp(log_images))
     more = None if to_target is None else max(0, to_target - done)
     hours = None if more is None or not rate else round(more / rate / 3600, 1)
-    return Projection(target, len(points), done, round(error_now, 6), best, round(slope, 4), to_target, more, hours)
+    return Projection(
+        target, epoch_images, len(points), done, round(error_now, 6), best, round(slope, 4), to_target, more, hours
+    )
+
+
+def percent(error: float) -> str:
+    return f"{100 * error:.2f}%"
+
+
+def about(n: int) -> str:
+    """`n` to three significant digits, as a projection deserves: 8,132,929 -> "8,130,000"."""
+    return f"{round(n, min(0, 3 - len(str(n)))):,}"
+
+
+def verdict(p: Projection, planned_images: int, *, unit: str = "images", measure: str = "test error",
+            curve: str = "the curve above") -> str:  # fmt: skip
+    """What `p` says of a run planned for `planned_images` training `unit`: the target reached (where), or the
+    fit's slope, the images and hours it predicts, and whether that is within the plan, within `REACH` times it
+    (extend by so many epochs), out of reach, or never (a curve that does not fall). `curve` names the evidence."""
+    head = target_head(p.target, p.best_error, measure)
+    if p.reached and p.images_to_target is not None:
+        return f"{head} {reached_at(p.images_to_target // p.epoch_images, p.images_to_target, unit)}"
+    fit = f"The power law fitted to the last {p.epochs_fitted} epochs has slope b = {p.slope:.2f} (error ∝ {unit}^−b)"
+    if p.slope <= 0:
+        return f"{head} {fit}: the curve does not fall, so more training like it reaches no target ({curve})."
+    if p.images_to_target is None or p.images_more is None:
+        return (
+            f"{head} {fit}, too shallow to reach the target within {NEVER:.0e} training {unit}: out of reach: more "
+            f"than three times the planned compute ({planned_images:,} {unit}); {curve} is the evidence."
+        )
+    if p.hours_more is None:
+        hours = f"no time is estimated, as its epochs record no {unit}/s"
+    else:
+        hours = f"about {p.hours_more:g} h more at the run's own {unit}/s over those epochs"
+    more = f"{about(p.images_more)} more than the {p.images_done:,} done" if p.images_more else "no more than done"
+    reach = f"{fit} and reaches the target at about {about(p.images_to_target)} training {unit} ({more}; {hours})."
+    if p.images_to_target <= planned_images:
+        return f"{head} {reach} That is within the planned compute ({planned_images:,} {unit})."
+    if p.images_to_target <= REACH * planned_images:
+        epochs = math.ceil((p.images_to_target - planned_images) / p.epoch_images)
+        return (
+            f"{head} {reach} That is beyond the planned compute ({planned_images:,} {unit}) but within three times "
+            f"it: the run should be extended by {epochs} epochs of {p.epoch_images:,} {unit} (to "
+            f"{planned_images // p.epoch_images + epochs} epochs)."
+        )
+    return (
+        f"{head} {reach} That is out of reach: more than three times the planned compute ({planned_images:,} {unit} "
+        f"planned, about {about(p.images_to_target)} predicted); {curve} is the evidence."
+    )
+
+
+def target_head(target: float, best: float, measure: str) -> str:
+    return f"The target is {percent(target)} {measure}; the best so far is {percent(best)}."
+
+
+def reached_at(epoch: int, images: int, unit: str) -> str:
+    return f"It is reached: first at epoch {epoch}, after {images:,} training {unit}."
+
+
+def outlook(rows: list[dict[str, Any]], target: float, epoch_images: int, planned_images: int, *,
+            key: str = "test_error", unit: str = "images", measure: str = "test error",
+            curve: str = "the curve above") -> str:  # fmt: skip
+    """`verdict` of a run's history `rows` (metrics.jsonl rows in epoch order), or, when fewer than `MIN_POINTS`
+    epochs have a positive `key`, that the curve is too short to project (or the epoch that reached the target)."""
+    usable = [r for r in rows if r.get(key) is not None and float(r[key]) > 0]
+    if len(usable) >= MIN_POINTS:
+        p = project(rows, target, epoch_images, key)
+        return verdict(p, planned_images, unit=unit, measure=measure, curve=curve)
+    measured = [r for r in rows if r.get(key) is not None]
+    if not measured:
+        return (
+            f"The target is {percent(target)} {measure}. No epoch is measured yet: the curve is too short to project."
+        )
+    best = min(measured, key=lambda r: float(r[key]))
+    head = target_head(target, float(best[key]), measure)
+    if float(best[key]) <= target:
+        hit = next(r for r in measured if float(r[key]) <= target)
+        return f"{head} {reached_at(int(hit['epoch']), int(hit['epoch']) * epoch_images, unit)}"
+    epochs = f"{len(usable)} epoch{'' if len(usable) == 1 else 's'}"
+    return f"{head} The curve has {epochs} so far, too short to project (a power law needs {MIN_POINTS})."
 
 
 def main(argv: list[str] | None = None) -> int:
