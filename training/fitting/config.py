@@ -27,5 +27,6 @@ class TrainConfig:
     epoch_images: int | None = None  # an epoch is this many images of one seeded stream of shuffles; None: the set
     test_subset: int | None = None
     eval_batch_size: int = 500
+    eval_every: int = 1  # evaluate after every N-th epoch, the last, and the last before a time-budget stop
     dry_run: bool = False
     model_overrides: dict[str, Any] = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""A training run's per-epoch history (`metrics.jsonl`) as a docs page's table, with both honest selections.
+"""A training run's per-epoch history (`metrics.jsonl`): its curve, and a docs page's table with both selections.
 
 `python -m training.fitting.history RUN/metrics.jsonl` prints a Markdown table (one row per epoch) and a summary of
 the two ways to pick an epoch: best by test error (as the paper reports) and best by validation error (the
@@ -29,7 +29,50 @@ def table_markers(name: str | None) -> tuple[str, str]:
 
 
 PRECISION_NAMES = {"float32": "float32", "bfloat16-mixed": "bf16 mixed"}
-REQUIRED = ("epoch", "train_loss", "test_error")
+REQUIRED = ("epoch", "train_loss")  # an epoch that was not evaluated (`--eval-every`) has no test columns
+
+
+def evaluated(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the epochs that were evaluated: those with a test error (`--eval-every` skips some)."""
+    return [h for h in history if h.get("test_error") is not None]
+
+
+def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
+    """`history` as a PNG: train and test loss, and test, validation and train error on a log scale, the held-out
+    columns at the evaluated epochs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tested = evaluated(history)
+    epochs, at = [h["epoch"] for h in history], [h["epoch"] for h in tested]
+    # The held-out figures are the weight average's where it was kept (`--ema`), the train ones never are.
+    averaged = (
+        " (average)"
+        if all(h.get("ema") for h in tested)
+        else " (average in part)"
+        if any(h.get("ema") for h in tested)
+        else ""
+    )
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(epochs, [h["train_loss"] for h in history], marker="o", label="train")
+    if tested and all("test_loss" in h for h in tested):
+        ax1.plot(at, [h["test_loss"] for h in tested], marker="o", label="test" + averaged)
+    ax1.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax1.legend()
+    if tested:
+        ax2.plot(at, [100 * h["test_error"] for h in tested], marker="o", label="test error" + averaged)
+    if tested and all("val_error" in h for h in tested):
+        ax2.plot(at, [100 * h["val_error"] for h in tested], marker="o", label="validation error" + averaged)
+    if all("train_accuracy" in h for h in history):
+        ax2.plot(epochs, [100 * (1 - h["train_accuracy"]) for h in history], marker="o", label="train error")
+    ax2.set(xlabel="epoch", ylabel="error (%)", title="error", yscale="log")
+    if ax2.lines:  # none before the first evaluation of a run without train accuracy
+        ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 class HistoryError(ValueError):
@@ -54,8 +97,8 @@ def load_history(path: Path) -> list[dict[str, Any]]:
         if missing:
             raise HistoryError(f"{path}:{number}: missing {', '.join(missing)}")
         epochs[int(record["epoch"])] = record
-    if not epochs:
-        raise HistoryError(f"{path} has no epochs")
+    if not evaluated(list(epochs.values())):
+        raise HistoryError(f"{path} has no evaluated epochs" if epochs else f"{path} has no epochs")
     return [epochs[e] for e in sorted(epochs)]
 
 
@@ -71,10 +114,10 @@ class Selection:
 def selections(history: list[dict[str, Any]]) -> list[Selection]:
     """Best by test error and, when the run held out validation images, best by validation error.
 
-    Ties go to the earlier epoch (what `best.pt` / `best_val.pt` keep: they are only replaced by a strictly
-    better epoch).
+    Only evaluated epochs are candidates; ties go to the earlier epoch (what `best.pt` / `best_val.pt` keep:
+    they are only replaced by a strictly better epoch).
     """
-    by_test = min(history, key=lambda h: (h["test_error"], h["epoch"]))
+    by_test = min(evaluated(history), key=lambda h: (h["test_error"], h["epoch"]))
     chosen = [Selection("best test error (as the paper reports)", by_test["epoch"], by_test["test_error"])]
     validated = [h for h in history if "val_error" in h]
     if validated:
@@ -94,7 +137,7 @@ def _percent(value: float | None) -> str:
 
 
 def render_table(history: list[dict[str, Any]]) -> str:
-    """The Markdown table: one row per epoch, the selected epochs' test errors in bold."""
+    """The Markdown table: one row per epoch (empty test cells where not evaluated), the selected ones in bold."""
     bold = {s.epoch for s in selections(history)}
     has_val = any("val_error" in h for h in history)
     head = ["epoch", "train loss", "train error", "test error (10,000 images)"]
@@ -103,7 +146,7 @@ def render_table(history: list[dict[str, Any]]) -> str:
     rows = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if h != "precision" else "---" for h in head) + "|"]
     for h in history:
         train_error = 1 - h["train_accuracy"] if "train_accuracy" in h else None
-        test = _percent(h["test_error"])
+        test = _percent(h.get("test_error"))
         cells = [str(h["epoch"]), f"{h['train_loss']:.4f}", _percent(train_error)]
         cells.append(f"**{test}**" if h["epoch"] in bold else test)
         cells += [_percent(h.get("val_error"))] if has_val else []
@@ -146,6 +189,8 @@ def render(history: list[dict[str, Any]], source: str) -> str:
     lines = [f"Per epoch, from `{source}`:", "", render_table(history), ""]
     if note := averaged_note(history):
         lines += [note, ""]
+    if len(evaluated(history)) < len(history):
+        lines += ["An empty test error is an epoch that was not evaluated (`capsnet-train --eval-every`).", ""]
     for s in selections(history):
         lines.append(f"- Selected by {s.rule}: epoch {s.epoch}, test error **{s.test_error:.2%}**.")
     return "\n".join(lines) + "\n"

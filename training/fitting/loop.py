@@ -38,6 +38,7 @@ from training.fitting.checkpoint import (
 )
 from training.fitting.config import TrainConfig
 from training.fitting.device import use_amp
+from training.fitting.history import draw_curve
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class Task(Protocol):
         ...
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
-        """The epoch's evaluation columns; `test_error` is required, `val_error` selects best_val.pt."""
+        """The evaluation columns of an epoch's row; `test_error` is required and selects best.pt, `val_error`
+        best_val.pt. An epoch `eval_every` skips has none of them."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -107,43 +109,11 @@ def init_distributed(device_name: str) -> DistInfo:
     return info
 
 
-def draw_curve(history: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    epochs = [h["epoch"] for h in history]
-    # The held-out figures are the weight average's where it was kept (`--ema`), the train ones never are.
-    averaged = (
-        " (average)"
-        if all(h.get("ema") for h in history)
-        else " (average in part)"
-        if any(h.get("ema") for h in history)
-        else ""
-    )
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(epochs, [h["train_loss"] for h in history], marker="o", label="train")
-    if all("test_loss" in h for h in history):
-        ax1.plot(epochs, [h["test_loss"] for h in history], marker="o", label="test" + averaged)
-    ax1.set(xlabel="epoch", ylabel="loss", title="loss")
-    ax1.legend()
-    ax2.plot(epochs, [100 * h["test_error"] for h in history], marker="o", label="test error" + averaged)
-    if all("val_error" in h for h in history):
-        ax2.plot(epochs, [100 * h["val_error"] for h in history], marker="o", label="validation error" + averaged)
-    if all("train_accuracy" in h for h in history):
-        ax2.plot(epochs, [100 * (1 - h["train_accuracy"]) for h in history], marker="o", label="train error")
-    ax2.set(xlabel="epoch", ylabel="error (%)", title="error", yscale="log")
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# Settings that may change between the calls of one resumable run: all but `ema` leave the experiment as it was.
+# Settings that may change between the calls of one resumable run: all but `ema` leave the experiment as it was
+# (`eval_every` only changes which epochs are evaluated: evaluation draws no random numbers and trains nothing).
 # The weight average (`ema`) changes which weights are evaluated and saved, so each epoch's row says whether it
 # was the average; switched on part-way, it starts from the resumed weights.
-RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run", "ema"})
+RESUMABLE_CHANGES = frozenset({"epochs", "device", "amp", "dry_run", "ema", "eval_every"})
 EXIT_UNFINISHED = 3  # --max-minutes stopped the run before --epochs; resume it
 
 
@@ -156,9 +126,14 @@ def on_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-def epoch_summary(row: dict[str, Any], epochs: int, best_test_error: float) -> str:
+def epoch_summary(row: dict[str, Any], epochs: int, best_test_error: float, eval_every: int = 1) -> str:
     """One readable line per epoch for the log (metrics.jsonl holds the row's JSON)."""
-    parts = [f"test error {row['test_error']:.2%} (best {min(best_test_error, row['test_error']):.2%})"]
+    best = min(best_test_error, row.get("test_error", math.inf))
+    best_so_far = f"best {best:.2%}" if best < math.inf else "none evaluated yet"
+    if "test_error" in row:
+        parts = [f"test error {row['test_error']:.2%} ({best_so_far})"]
+    else:
+        parts = [f"not evaluated (every {eval_every} epochs; {best_so_far})"]
     if "val_error" in row:
         parts.append(f"validation error {row['val_error']:.2%}")
     parts.append(f"train loss {row['train_loss']:.4f}")
@@ -519,6 +494,7 @@ class Trainer(Generic[TaskT]):
         the last one); the first step of a call always runs. Every epoch ends with last.pt written, and so
         does a stop inside one and, with `checkpoint_minutes`, every that many minutes of an epoch; a stopped
         run continues exactly with `resume=<out>/last.pt` (`finished` says whether it reached `cfg.epochs`).
+        Which epochs are evaluated (and so may become best.pt) is `_evaluates`'s rule.
         """
         budget = Budget(deadline, None if checkpoint_minutes is None else 60.0 * checkpoint_minutes)
         last_seconds: float | None = None
@@ -532,7 +508,8 @@ class Trainer(Generic[TaskT]):
                 stats = self.train_epoch(budget)
             except BudgetSpent:
                 break
-            evaluation = self._evaluate()
+            evaluates = self._evaluates(deadline, max(clock() - start, stats["train_seconds"]))
+            evaluation = self._evaluate() if evaluates else {}
             self.epoch += 1
             row = {
                 "epoch": self.epoch,
@@ -545,14 +522,26 @@ class Trainer(Generic[TaskT]):
                 **({} if self.ema is None else {"ema": self.cfg.ema}),
                 **({"init_from": self.init_from} if self.init_from is not None and self.epoch == 1 else {}),
             }
-            last_seconds = clock() - start
+            last_seconds = clock() - start if evaluates else None  # None: `_evaluates` found the next one fits
             if self.cfg.dry_run:  # its one row is the result the caller prints, not a log line
                 self.history.append(row)
                 break
             self._end_epoch(row)
-            log.info("%s", epoch_summary(row, self.cfg.epochs, self.best_test_error))
+            log.info("%s", epoch_summary(row, self.cfg.epochs, self.best_test_error, self.cfg.eval_every))
             budget.saved_at = clock()
         return self.history
+
+    def _evaluates(self, deadline: float | None, trained: float) -> bool:
+        """Whether the epoch just trained (in `trained` seconds) is evaluated: every `eval_every`-th, the run's
+        last and a dry run's are; another one only when the next epoch and its evaluation would not fit before
+        `deadline` (the call stops after it, so a call stopped between epochs stops after an evaluated one), or,
+        with a deadline, while no evaluation has been timed to judge that by."""
+        epoch, cfg = self.epoch + 1, self.cfg
+        if cfg.dry_run or epoch % cfg.eval_every == 0 or epoch >= cfg.epochs:
+            return True
+        if deadline is not None and self.evaluation_seconds is None:
+            return True
+        return self._any_rank(not within_budget(deadline, trained + (self.evaluation_seconds or 0.0)))[0]
 
     def _evaluate(self) -> dict[str, Any]:
         start = clock()
@@ -573,7 +562,7 @@ class Trainer(Generic[TaskT]):
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
         draw_curve(self.history, self.out / "training_curve.png")
-        is_best = row["test_error"] < self.best_test_error
+        is_best = "test_error" in row and row["test_error"] < self.best_test_error  # only evaluated epochs
         if is_best:
             self.best_test_error = row["test_error"]
         is_best_val = "val_error" in row and row["val_error"] < self.best_val_error

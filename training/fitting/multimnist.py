@@ -77,6 +77,7 @@ class MultiMNISTConfig:
     amp: bool = False  # bfloat16 autocast of the convolutions (CUDA, or a CPU with native bfloat16)
     composites_per_epoch: int | None = None  # drawn from that many training digits sampled afresh; None: one per digit
     eval_batch_size: int = 500
+    eval_every: int = 1  # test after every N-th epoch (and the last; TrainConfig.eval_every)
 
 
 def _float(images: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -190,7 +191,7 @@ def train_config(cfg: MultiMNISTConfig, device: torch.device) -> TrainConfig:
         arch="dynamic", preset=cfg.preset, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
         lr_decay=cfg.lr_decay, max_shift=0, canvas=MULTIMNIST_CANVAS, seed=cfg.seed, device=str(device),
         train_subset=cfg.train_subset, test_subset=cfg.test_subset, eval_batch_size=cfg.eval_batch_size,
-        epoch_images=cfg.composites_per_epoch, amp=cfg.amp,
+        epoch_images=cfg.composites_per_epoch, amp=cfg.amp, eval_every=cfg.eval_every,
     )  # fmt: skip
 
 
@@ -203,7 +204,8 @@ def train_multimnist(
     deadline: float | None = None,
     checkpoint_minutes: float | None = None,
 ) -> tuple[CapsNet, list[dict[str, Any]], MultiDigits]:
-    """Train a CapsNet on MultiMNIST with the one training loop; the error after every epoch is on the test composites.
+    """Train a CapsNet on MultiMNIST with the one training loop; the error of each evaluated epoch (every
+    `cfg.eval_every`-th and the last) is on the test composites.
 
     With `out_dir`, checkpoints and metrics are written there after every epoch and a run continues from its
     last.pt exactly (refusing one of other settings); no epoch is started that would end past `deadline`

@@ -29,6 +29,7 @@ from training.fitting.checkpoint import load_checkpoint
 from training.fitting.config import TrainConfig
 from training.fitting.device import keep_freed_memory, resolve_device
 from training.fitting.evaluate import evaluate_torch
+from training.fitting.history import evaluated
 from training.fitting.loop import EXIT_UNFINISHED, Autocast, DistInfo, Step, Trainer, init_distributed, on_terminal
 from training.options import add_data_dir, add_device
 
@@ -342,6 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--test-subset", type=int, default=None, help="evaluate on the first N test images only (default: all)"
     )
     p.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="evaluate after every N-th epoch, after the last, and after the last one before --max-minutes stops "
+        "the run; only evaluated epochs can become best.pt, and the others' rows in metrics.jsonl have no test "
+        "columns; a resumed run may change it (default: 1, every epoch)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="run one training and one evaluation batch, print the epoch's JSON, write nothing (default: off)",
@@ -358,6 +368,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.lr is not None and not args.lr > 0:
         parser.error(f"--lr must be positive, got {args.lr}")
+    if args.eval_every < 1:
+        parser.error(f"--eval-every must be at least 1, got {args.eval_every}")
     if args.epoch_images is not None and args.epoch_images < 1:
         parser.error(f"--epoch-images must be at least 1, got {args.epoch_images}")
     if args.max_minutes is not None and not args.max_minutes > 0:
@@ -383,7 +395,7 @@ def closing_lines(out: Path, data_dir: str | None) -> list[str]:
     written = ("metrics.jsonl", "training_curve.png", "last.pt", "best.pt", "best_val.pt")
     files = [f for f in written if (out / f).exists()]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    best = min(rows, key=lambda r: (r["test_error"], r["epoch"]))
+    best = min(evaluated(rows), key=lambda r: (r["test_error"], r["epoch"]))  # the last epoch always is
     name = out.resolve().name.lower()
     zoo = bundled_repository()
     while (zoo / name).exists():  # a new name: never the bundled models' (capsnet-export refuses them anyway)
@@ -417,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         epochs=args.epochs, batch_size=args.batch_size, lr=learning_rate(args), lr_decay=args.lr_decay,
         max_shift=args.max_shift, canvas=args.canvas, ema=args.ema or 0.0,
         seed=args.seed, device=args.device, amp=args.amp, val_split=args.val_split, train_subset=args.train_subset,
-        test_subset=args.test_subset, epoch_images=args.epoch_images, dry_run=args.dry_run,
+        test_subset=args.test_subset, epoch_images=args.epoch_images, eval_every=args.eval_every, dry_run=args.dry_run,
     )  # fmt: skip
     try:
         deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes

@@ -17,6 +17,7 @@ from training.data.mnist import MNISTSplit
 from training.fitting.architectures import Architecture
 from training.fitting.config import TrainConfig
 from training.fitting.evaluate import evaluate_torch
+from training.fitting.history import evaluated
 from training.fitting.loop import DistInfo, Trainer
 from training.fitting.train import ClassificationData, ClassificationTask, TaskFactory
 from training.report.common import (
@@ -38,6 +39,7 @@ from training.report.compute import (
     CHECKPOINT_MINUTES,
     closing_note,
     compute_sentence,
+    evaluated_when,
     model_costs,
     progress,
     progress_line,
@@ -57,7 +59,7 @@ TARGET_ERROR = 0.01  # the report runs' target for both models: 99.0% accuracy o
 
 class AffineTask(ClassificationTask):
     """Shifted digits on 40x40 (`--canvas 40 --max-shift 6`), judged on the centred test digits (test_*) and on
-    their affine twins (affine_*) after every epoch."""
+    their affine twins (affine_*) at every evaluated epoch."""
 
     def __init__(
         self,
@@ -93,14 +95,16 @@ def accuracy(row: dict[str, Any], key: str) -> float:
 
 
 def match_accuracy(histories: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
-    """The highest MNIST accuracy every model reaches, and each model's first epoch at or above it (§5.2).
+    """The highest MNIST accuracy every model reaches, and each model's first epoch at or above it (§5.2), among
+    the evaluated epochs.
 
-    None until every model has an epoch.
+    None until every model has an evaluated epoch.
     """
-    if not histories or not all(histories.values()):
+    tested = {arch: evaluated(rows) for arch, rows in histories.items()}
+    if not tested or not all(tested.values()):
         return None
-    target = min(max(accuracy(row, "test") for row in rows) for rows in histories.values())
-    picks = {arch: next(r for r in rows if accuracy(r, "test") >= target) for arch, rows in histories.items()}
+    target = min(max(accuracy(row, "test") for row in rows) for rows in tested.values())
+    picks = {arch: next(r for r in rows if accuracy(r, "test") >= target) for arch, rows in tested.items()}
     return {"target_mnist_accuracy": target, "picks": picks}
 
 
@@ -134,7 +138,7 @@ def example_arrays(ctx: Context, test: MNISTSplit, affine: MNISTSplit) -> dict[s
 
 
 def run_affine(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Train the CNN, then CapsNet, each evaluated after every epoch; raises Unfinished with the result so far."""
+    """Train the CNN, then CapsNet, each evaluated as `eval_every` says; raises Unfinished with the result so far."""
     test = ctx.split("test")
     ranges = AffineRanges()
     affine = affine_digits(test.images, test.labels, AFFINE_TEST_SEED + ctx.seed, ranges).split
@@ -171,6 +175,7 @@ PAPER_MATCH = 0.9922  # the paper compares CapsNet at 99.23% with the baseline a
 
 def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
     r = AffineRanges()
+    every = eval_every(ctx, saved)
     out = [
         "## 3. Robustness to affine transformations (affNIST rebuilt)",
         "",
@@ -184,9 +189,9 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
         "Training protocol (both models): MNIST training digits centred on 40×40 and shifted by up to "
         f"±{AFFINE_SHIFT} pixels per axis (`capsnet-train --canvas 40 --max-shift {AFFINE_SHIFT}`), i.e. placed "
         "uniformly anywhere on the canvas; nothing else. MNIST accuracy is measured on the test digits centred "
-        "on 40×40 (affNIST's untransformed set). Both models are evaluated after every epoch, and each is "
-        "compared at its first epoch reaching the highest MNIST accuracy both reach (the paper compares "
-        "CapsNet at 99.23% with the baseline at 99.22%).",
+        f"on 40×40 (affNIST's untransformed set). Both models are evaluated {evaluated_when(every)}, and each is "
+        f"compared at its first {'' if every == 1 else 'evaluated '}epoch reaching the highest MNIST accuracy both "
+        "reach (the paper compares CapsNet at 99.23% with the baseline at 99.22%).",
         "",
     ]
     if saved is None:
@@ -195,18 +200,22 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
     res = saved.result
     out += [compute_paragraph(res, saved.machine), ""]
     matched = res.get("matched")
-    waiting = [NAMES[a] for a in ARCHS if not res["histories"].get(a)]
+    histories = {a: res["histories"].get(a, []) for a in ARCHS}
+    tested = {a: evaluated(rows) for a, rows in histories.items()}
+    skipped = any(len(tested[a]) < len(histories[a]) for a in ARCHS)  # epochs `eval_every` did not evaluate
+    waiting = [a for a in ARCHS if not tested[a]]
     if waiting or matched is None:
         verb = "has" if len(waiting) == 1 else "have"
-        out += [f"No comparison yet: {' and '.join(waiting)} {verb} no epoch trained.", ""]
+        done = "evaluated" if any(histories[a] for a in waiting) else "trained"
+        out += [f"No comparison yet: {' and '.join(NAMES[a] for a in waiting)} {verb} no epoch {done}.", ""]
         rows = [
             [NAMES[a], h["epoch"], pct(accuracy(h, "test")), pct(accuracy(h, "affine")), f"{h['affine_n']:,}"]
             for a in ARCHS
-            for h in res["histories"].get(a, [])
+            for h in tested[a]
         ]
         if rows:
             headers = ["model", "epoch", "MNIST (40×40) accuracy", "affine accuracy", "test n"]
-            out += ["The epochs so far:", "", md_table(headers, rows), ""]
+            out += [f"The {'evaluated ' if skipped else ''}epochs so far:", "", md_table(headers, rows), ""]
     else:
         out += [md_table(*matched_table(res, matched)), ""]
         out += [f"Matched MNIST accuracy: {pct(matched['target_mnist_accuracy'])}.", ""]
@@ -216,10 +225,11 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
                 "long as the paper's, so the comparison is made where both are less accurate.",
                 "",
             ]
-        last = [(a, res["histories"][a][-1]) for a in ARCHS]
+        last = [(a, tested[a][-1]) for a in ARCHS]
         rows = [[NAMES[a], h["epoch"], pct(accuracy(h, "test")), pct(accuracy(h, "affine"))] for a, h in last]
+        ends_tested = all(tested[a][-1]["epoch"] == histories[a][-1]["epoch"] for a in ARCHS)
         out += [
-            "Each model's last epoch:",
+            f"Each model's last {'' if ends_tested else 'evaluated '}epoch:",
             "",
             md_table(["model", "epoch", "MNIST (40×40) accuracy", "affine accuracy"], rows),
             "",
@@ -253,6 +263,13 @@ def render_affine(ctx: Context, saved: Saved | None, reason: str | None) -> str:
             )
         out += closing_note(saved.command, both, left)
     return "\n".join(out)
+
+
+def eval_every(ctx: Context, saved: Saved | None) -> int:
+    """How often the models are evaluated: as their saved train configs say, else as this call's sizes do."""
+    models = saved.result.get("models", {}) if saved is not None else {}
+    saved_every = [m["train_config"].get("eval_every", 1) for m in models.values() if "train_config" in m]
+    return max(saved_every, default=ctx.sizes.eval_every)
 
 
 def epoch_images(res: dict[str, Any]) -> dict[str, int]:
@@ -318,16 +335,18 @@ def matched_table(res: dict[str, Any], matched: dict[str, Any]) -> tuple[list[st
 
 
 def affine_figure(path: Path, histories: dict[str, list[dict[str, Any]]], per_epoch: dict[str, int]) -> None:
-    """Affine against MNIST accuracy; and MNIST test error by training images, for the models in `per_epoch`."""
+    """Affine against MNIST accuracy; and MNIST test error by training images, for the models in `per_epoch`; one
+    point per evaluated epoch."""
     with figure(path, figsize=(10, 4)) as fig:
         ax, by_images = fig.subplots(1, 2)
-        for arch, hist in histories.items():
+        for arch, hist in ((a, evaluated(rows)) for a, rows in histories.items()):
             ax.plot([100 * accuracy(h, "test") for h in hist], [100 * accuracy(h, "affine") for h in hist], "o-",
                     label=NAMES.get(arch, arch))  # fmt: skip
             if arch in per_epoch:
                 images = [h["epoch"] * per_epoch[arch] for h in hist]
                 by_images.plot(images, [100 * h["test_error"] for h in hist], "o-", label=NAMES.get(arch, arch))
-        ax.set(xlabel="MNIST (40×40) test accuracy (%)", ylabel="affine test accuracy (%)", title="one point per epoch")
+        title = "one point per evaluated epoch"
+        ax.set(xlabel="MNIST (40×40) test accuracy (%)", ylabel="affine test accuracy (%)", title=title)
         by_images.axhline(100 * TARGET_ERROR, color="gray", linestyle="--", label="target")
         by_images.set(xlabel="training images seen", ylabel="MNIST (40×40) test error (%)", xscale="log", yscale="log")
         by_images.tick_params(axis="x", which="minor", labelbottom=False)

@@ -13,6 +13,7 @@ import numpy as np
 
 from model.config import CapsNetConfig
 from training.fitting.evaluate import evaluate_torch
+from training.fitting.history import evaluated
 from training.report.common import (
     Context,
     Saved,
@@ -91,7 +92,7 @@ def run_baseline(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 
 def cumulative(history: list[dict[str, Any]], images_per_epoch: int, flops_per_image: int) -> list[dict[str, Any]]:
-    """Each epoch's test error with the training images and FLOPs spent up to its end."""
+    """Each evaluated epoch's test error with the training images and FLOPs spent up to its end."""
     return [
         {
             "epoch": row["epoch"],
@@ -100,7 +101,7 @@ def cumulative(history: list[dict[str, Any]], images_per_epoch: int, flops_per_i
             "test_error": row["test_error"],
             "test_n": row.get("test_n"),
         }
-        for row in history
+        for row in evaluated(history)
     ]
 
 
@@ -175,7 +176,7 @@ def render_baseline(ctx: Context, saved: Saved | None, reason: str | None) -> st
     out.append("")
     left = None
     if prog and ours and ours[-1]["test_error"] > PAPER_ERROR:
-        passes = prog["images_done"] / r["train_digits"]
+        passes = ours[-1]["images"] / r["train_digits"]
         left = (
             f"The baseline trained {passes:.2f} passes over the training digits ({ours[-1]['pflop']:.2f} PFLOP) to "
             f"{pct(ours[-1]['test_error'])} test error; the paper's converged model has {pct(PAPER_ERROR)}, so "

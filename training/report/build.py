@@ -207,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="images per evaluation batch of trained models (bounds memory) (default: 500)",
     )
     p.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluate trained models after every N-th epoch, after the last, and before a --max-minutes stop; a "
+        "run under --runs may continue with another N (default: 1, every epoch)",
+    )
+    p.add_argument(
         "--affine-cnn-channels",
         type=channels,
         default=None,
@@ -252,13 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def sizes_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sizes:
     """The experiments' sizes: the paper's (or tiny), with what the command line overrides."""
-    for name in ("epochs", "epoch_images", "test_images", "eval_batch_size"):
+    for name in ("epochs", "epoch_images", "test_images", "eval_batch_size", "eval_every"):
         if (value := getattr(args, name)) is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     sizes = Sizes.tiny() if args.tiny else Sizes()
     overrides = {
         "epochs": args.epochs, "epoch_images": args.epoch_images, "eval_batch_size": args.eval_batch_size,
-        "test_subset": args.test_images, "affine_cnn_channels": args.affine_cnn_channels,
+        "eval_every": args.eval_every, "test_subset": args.test_images, "affine_cnn_channels": args.affine_cnn_channels,
     }  # fmt: skip
     return replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
 

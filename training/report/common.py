@@ -54,6 +54,7 @@ class Sizes:
     epochs: int = 30
     batch_size: int = 128
     eval_batch_size: int = 500
+    eval_every: int = 1  # evaluate trained models after every N-th epoch (and the last; TrainConfig.eval_every)
     train_subset: int | None = None
     test_subset: int | None = None  # evaluate on the first N test digits (None: all 10,000)
     epoch_images: int | None = None  # an epoch is N training images (None: the whole set, as in the paper)
@@ -325,7 +326,8 @@ def train_config(ctx: Context, arch: str, **overrides: Any) -> TrainConfig:
     s = ctx.sizes
     base = TrainConfig(
         arch=arch, preset=s.preset, epochs=s.epochs, batch_size=s.batch_size, seed=ctx.seed, device=str(ctx.device),
-        train_subset=s.train_subset, test_subset=s.test_subset, eval_batch_size=s.eval_batch_size, amp=ctx.amp,
+        train_subset=s.train_subset, test_subset=s.test_subset, eval_batch_size=s.eval_batch_size,
+        eval_every=s.eval_every, amp=ctx.amp,
         epoch_images=s.epoch_images, lr_decay=lr_decay_per_epoch(s.epoch_images, train_images(ctx)),
     )  # fmt: skip
     return replace(base, **overrides)

@@ -170,16 +170,24 @@ def closing_note(command: str, prog: dict[str, Any] | None, short_of_paper: str 
     return [further_note(command, prog, short_of_paper), ""] if short_of_paper else []
 
 
+def evaluated_when(eval_every: int) -> str:
+    """How often a run was evaluated, as the compute sentences say it (`TrainConfig.eval_every`)."""
+    if eval_every <= 1:
+        return "after every epoch"
+    return f"every {eval_every} epochs and wherever training stopped"
+
+
 def compute_sentence(train: dict[str, Any], train_images: int, costs: dict[str, int]) -> str:
     """What one trained model was given: epochs, images per epoch, batch, precision, schedule, evaluation, FLOPs."""
     per_epoch = train.get("epoch_images") or train_images
     passes = train["epochs"] * per_epoch / train_images
     precision = "bfloat16 convolutions (autocast)" if train.get("amp") else "float32"
     evaluation = f"the first {train['test_subset']:,}" if train.get("test_subset") else "all"
+    when = evaluated_when(train.get("eval_every", 1))
     return (
         f"{train['epochs']} epochs of {per_epoch:,} images ({passes:.2f} passes over the {train_images:,} "
         f"training digits), batch {train['batch_size']}, {precision}, Adam lr {train['lr']:g} decaying by "
-        f"{train['lr_decay']:.5g} per epoch ({PAPER_LR_DECAY:g} per pass); evaluated after every epoch on "
+        f"{train['lr_decay']:.5g} per epoch ({PAPER_LR_DECAY:g} per pass); evaluated {when} on "
         f"{evaluation} test digits; {costs['train_flops_per_image'] / 1e9:.2f} GFLOP per training image, "
         f"{costs['inference_flops_per_image'] / 1e9:.2f} GFLOP per inference"
     )

@@ -13,6 +13,7 @@ import torch
 from model.capsnet import CapsNet, count_parameters
 from model.config import CapsNetConfig
 from training.fitting.checkpoint import CheckpointMismatch
+from training.fitting.history import evaluated
 from training.fitting.multimnist import MultiMNISTConfig, multimnist_loss, reconstruction_examples, train_multimnist
 from training.report.common import (
     Context,
@@ -31,6 +32,7 @@ from training.report.compute import (
     CHECKPOINT_MINUTES,
     closing_note,
     count_flops,
+    evaluated_when,
     lr_decay_per_epoch,
     progress,
     progress_line,
@@ -54,6 +56,7 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
         preset=s.preset, epochs=s.epochs, batch_size=s.batch_size, seed=ctx.seed,
         test_pairs_per_digit=s.multimnist_test_pairs, eval_batch_size=s.eval_batch_size,
         composites_per_epoch=s.epoch_images, amp=ctx.amp, lr_decay=lr_decay_per_epoch(s.epoch_images, len(train)),
+        eval_every=s.eval_every,
     )  # fmt: skip
     ctx.check_budget("multimnist", None, cfg.epochs, None)
     out = ctx.run_dir("multimnist")
@@ -73,12 +76,19 @@ def run_multimnist(ctx: Context) -> tuple[dict[str, Any], dict[str, np.ndarray]]
         "test_digits": len(test),
         "history": history,
         "progress": progress(history, cfg.epochs, cfg.composites_per_epoch, len(train), (out, cfg.batch_size)),
-        "test_error": history[-1]["test_error"] if history else None,
-        "test_n": history[-1]["test_n"] if history else 0,
+        **last_tested(history),
     }
     if len(history) < cfg.epochs:  # (the last training section: no later model needs ctx.trained())
         ctx.check_budget("multimnist", len(history), cfg.epochs, math.inf, (result, examples))
     return result, examples
+
+
+def last_tested(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The two-digit error and test composites of the last evaluated epoch, and that epoch (None: none yet)."""
+    tested = evaluated(history)
+    if not tested:
+        return {"test_error": None, "test_n": 0, "test_epoch": None}
+    return {"test_error": tested[-1]["test_error"], "test_n": tested[-1]["test_n"], "test_epoch": tested[-1]["epoch"]}
 
 
 def multimnist_costs(model_config: dict[str, Any]) -> dict[str, int]:
@@ -130,7 +140,9 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
     if prog:
         out += [compute_paragraph(r, prog, saved.machine), ""]
     composites = f"{prog['images_done']:,}" if prog else "—"
-    epochs = len(r["history"])
+    epochs: int | str = len(r["history"])
+    if r.get("test_epoch") not in (None, epochs):  # a run stopped after an epoch it did not evaluate
+        epochs = f"{epochs} (tested after epoch {r['test_epoch']})"
     rows: list[list[Any]] = [
         ["CapsNet (this run)", f"{r['parameters']:,}", epochs, composites, pct(r["test_error"]), f"{r['test_n']:,}"],
         *[
@@ -141,11 +153,11 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
     headers = ["model", "parameters", "epochs", "training composites", "two-digit error", "test composites"]
     out += [md_table(headers, rows), "", provenance(saved), ""]
     curve = ctx.figures / "multimnist_curve.png"
-    if r["history"]:
+    if tested := evaluated(r["history"]):
         with figure(curve, figsize=(5, 3.5)) as fig:
             ax = fig.subplots()
             per_epoch = prog["images_per_epoch"] if prog else r["train_digits"]
-            ax.plot([h["epoch"] * per_epoch for h in r["history"]], [100 * h["test_error"] for h in r["history"]], "o-")
+            ax.plot([h["epoch"] * per_epoch for h in tested], [100 * h["test_error"] for h in tested], "o-")
             ax.axhline(100 * TARGET_ERROR, color="gray", linestyle="--", label="target")
             ax.set(xlabel="training composites seen", ylabel="two-digit test error (%)", title="CapsNet on MultiMNIST")
             ax.set(xscale="log", yscale="log")
@@ -179,7 +191,7 @@ def render_multimnist(ctx: Context, saved: Saved | None, reason: str | None) -> 
         out += [f"![MultiMNIST reconstructions]({rel(ctx, path)})", ""]
     left: str | None = None
     paper_error = PAPER_MULTIMNIST[PAPER_CAPSNET] / 100
-    last_error = r["history"][-1]["test_error"] if r["history"] else None
+    last_error = r["test_error"]
     if prog and last_error is not None and (prog["images_done"] < PAPER_COMPOSITES or last_error > paper_error):
         share = (
             f"1/{PAPER_COMPOSITES / prog['images_done']:,.0f} of them"
@@ -223,7 +235,8 @@ def compute_paragraph(r: dict[str, Any], prog: dict[str, Any], machine: dict[str
         f"**Compute.** Trained on {trained_on(machine)}: "
         f"{cfg['epochs']} epochs of {source}, batch {cfg['batch_size']}, {precision}, Adam lr {cfg['lr']:g} "
         "decaying by "
-        f"{cfg['lr_decay']:.5g} per epoch (0.96 per 60,000 composites); tested after every epoch on "
+        f"{cfg['lr_decay']:.5g} per epoch (0.96 per 60,000 composites); tested "
+        f"{evaluated_when(cfg.get('eval_every', 1))} on "
         f"{cfg['test_pairs_per_digit']} composite(s) of each of the first {r.get('test_digits', r['test_n']):,} test "
         "digits; "
         f"{r['train_flops_per_image'] / 1e9:.2f} GFLOP per training composite. "

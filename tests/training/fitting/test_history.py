@@ -10,6 +10,8 @@ import pytest
 from training.fitting.history import (
     MARKERS,
     HistoryError,
+    draw_curve,
+    evaluated,
     load_history,
     main,
     render,
@@ -75,12 +77,29 @@ def test_render_says_from_which_epoch_the_errors_are_the_averages() -> None:
     assert "Every epoch's test" in render([_epoch(1, 0.006, ema=0.9)], "m.jsonl")
 
 
+def test_epochs_not_evaluated_have_empty_test_cells_and_are_never_selected(tmp_path: Path) -> None:
+    """`--eval-every 2`: epochs 1 and 3 have no test columns; the best is chosen among 2 and 4."""
+    skipped = [{"epoch": e, "train_loss": 0.1 / e, "lr": 0.001} for e in (1, 3)]
+    rows = [*skipped, _epoch(2, 0.006), _epoch(4, 0.004)]
+    history = load_history(_write(tmp_path / "m.jsonl", rows))
+    assert [h["epoch"] for h in evaluated(history)] == [2, 4]
+    (by_test,) = selections(history)
+    assert (by_test.epoch, by_test.test_error) == (4, 0.004)
+    text = render(history, "m.jsonl")
+    assert "| 3 | 0.0333 |  |  | 0.001000 | float32 |  |" in text and "**0.40%**" in text
+    assert "An empty test error is an epoch that was not evaluated (`capsnet-train --eval-every`)." in text
+    draw_curve(history, tmp_path / "curve.png")
+    draw_curve(skipped[:1], tmp_path / "first.png")  # the first epoch of a run that evaluates every 2nd
+    assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "first.png").stat().st_size > 1000
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
         ("", "has no epochs"),
         ("{not json\n", "m.jsonl:1: not JSON"),
-        ('{"epoch": 1}\n', "m.jsonl:1: missing train_loss, test_error"),
+        ('{"epoch": 1}\n', "m.jsonl:1: missing train_loss"),
+        ('{"epoch": 1, "train_loss": 0.1}\n', "m.jsonl has no evaluated epochs"),
         ("[1, 2]\n", "m.jsonl:1: missing epoch"),
     ],
 )

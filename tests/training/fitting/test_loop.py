@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -287,3 +289,103 @@ def test_multimnist_resumes_exactly_from_inside_an_epoch(
         {k: v for k, v in row.items() if k not in timing} for row in rows
     ]
     assert all(torch.equal(a, b) for a, b in zip(resumed.parameters(), whole.parameters(), strict=True))
+
+
+# --- evaluating every N epochs (`eval_every`) -----------------------------------------------------------------
+
+
+class ScriptedTask(ToyTask):
+    """The toy task whose test error after epoch k is `errors[k - 1]`, whatever the weights, and whose
+    evaluations are counted by epoch (1-based; `batches` says which epoch is trained)."""
+
+    def __init__(self, errors: list[float]) -> None:
+        super().__init__()
+        self.errors, self.current = errors, 0
+        self.evaluated_epochs: list[int] = []
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        self.current = epoch + 1
+        return super().batches(epoch)
+
+    def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
+        self.evaluated_epochs.append(self.current)
+        return {"test_error": self.errors[self.current - 1], "test_n": len(self.x)}
+
+
+def scripted_trainer(
+    out: Path, epochs: int, eval_every: int, errors: list[float], resume: bool = False
+) -> Trainer[ScriptedTask]:
+    torch.manual_seed(0)
+    cfg = replace(CFG, epochs=epochs, eval_every=eval_every)
+    last = str(out / "last.pt") if resume else None
+    return Trainer(cfg, ScriptedTask(errors), nn.Linear(3, 1), {"in": 3, "out": 1}, out, last, strict_resume=True)
+
+
+def test_every_second_epoch_and_the_last_are_evaluated_and_only_they_can_be_best(tmp_path: Path) -> None:
+    """Epochs 1 and 3 would be the best (0.1, 0.05) had they been evaluated; of 2, 4 and 5, epoch 4 is."""
+    trainer = scripted_trainer(tmp_path / "run", 5, 2, [0.1, 0.5, 0.05, 0.3, 0.4])
+    history = trainer.fit()
+    assert trainer.task.evaluated_epochs == [2, 4, 5]
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4, 5]
+    assert [row.get("test_error") for row in history] == [None, 0.5, None, 0.3, 0.4]
+    assert not any(key.startswith("test_") for row in (history[0], history[2]) for key in row)
+    assert all("train_loss" in row and "lr" in row for row in history)
+    best = load_checkpoint(tmp_path / "run" / "best.pt")
+    assert best["epoch"] == 4 and best["best_test_error"] == 0.3 and trainer.best_test_error == 0.3
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == history
+
+
+def test_the_log_says_an_epoch_was_not_evaluated() -> None:
+    row = {"epoch": 3, "train_loss": 0.5, "seconds": 2.0, "images_per_second": 20.0}
+    assert loop.epoch_summary(row, 5, 0.25, 2).startswith("epoch 3/5: not evaluated (every 2 epochs; best 25.00%)")
+    assert "(every 2 epochs; none evaluated yet)" in loop.epoch_summary(row, 5, math.inf, 2)
+    assert loop.epoch_summary(row | {"test_error": 0.2}, 5, 0.25, 2).startswith("epoch 3/5: test error 20.00% (best")
+
+
+def test_a_run_resumes_with_another_eval_every_and_trains_as_if_every_epoch_were_evaluated(tmp_path: Path) -> None:
+    errors = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+    every = scripted_trainer(tmp_path / "every", 7, 1, errors)
+    every.fit()
+    first = scripted_trainer(tmp_path / "part", 4, 2, errors)
+    first.fit()
+    resumed = scripted_trainer(tmp_path / "part", 7, 3, errors, resume=True)  # strict: eval_every may change
+    resumed.fit()
+    assert first.task.evaluated_epochs == [2, 4] and resumed.task.evaluated_epochs == [6, 7]
+    assert [row["epoch"] for row in resumed.history if "test_error" in row] == [2, 4, 6, 7]
+    assert load_checkpoint(tmp_path / "part" / "last.pt")["train_config"]["eval_every"] == 3
+    training = ("train_loss", "lr")  # (progress: the first call was asked for 4 epochs, not 7)
+    assert [{k: r[k] for k in training} for r in resumed.history] == [
+        {k: r[k] for k in training} for r in every.history
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), every.model.parameters(), strict=True))
+    assert load_checkpoint(tmp_path / "part" / "best.pt")["epoch"] == 7
+
+
+def test_a_time_budget_stop_after_an_epoch_not_due_evaluates_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Epochs of 5 steps of 1 s, evaluations of 2 s, every 3rd epoch due, 18 s: epoch 1 is evaluated to time an
+    evaluation; after epoch 2 (at 12 s) epoch 3 and its evaluation (7 s) would not fit, so epoch 2 is evaluated
+    and the call stops there, between epochs."""
+    clock = StepClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    errors = [0.9, 0.5, 0.7, 0.6, 0.8, 0.4]
+    trainer = scripted_trainer(tmp_path / "run", 6, 3, errors)
+    clock.drive(trainer)  # type: ignore[arg-type]  # (a ScriptedTask is a ToyTask)
+    evaluate = trainer.task.evaluate
+
+    def timed_evaluate(*args: Any) -> dict[str, Any]:
+        clock.now += 2.0
+        return evaluate(*args)
+
+    monkeypatch.setattr(trainer.task, "evaluate", timed_evaluate)
+    trainer.fit(deadline=clock.now + 18)
+    assert trainer.epoch == 2 and trainer.task.evaluated_epochs == [1, 2] and clock.now == 14
+    state = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert "mid_epoch" not in state and load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 2
+    rest = scripted_trainer(tmp_path / "run", 6, 3, errors, resume=True)
+    rest.fit()
+    assert rest.task.evaluated_epochs == [3, 6]
+    assert [row["epoch"] for row in rest.history if "test_error" in row] == [1, 2, 3, 6]
+    assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 6

@@ -253,6 +253,21 @@ def test_cli_ema_reaches_the_loop_and_a_resumed_run_keeps_it(
     assert "training_model" not in torch.load(tmp_path / "last.pt", weights_only=False)
 
 
+def test_cli_eval_every_evaluates_every_nth_epoch_and_the_last(
+    synthetic_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--data-dir", str(synthetic_mnist), "--preset", "tiny", "--batch-size", "16", "--out", str(tmp_path)]
+    assert train.main([*argv, "--epochs", "3", "--eval-every", "2"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [sorted(k for k in r if k.startswith("test_")) for r in rows] == [
+        [],
+        *[["test_error", "test_loss", "test_n"]] * 2,
+    ]
+    best = torch.load(tmp_path / "best.pt", weights_only=False)["epoch"]
+    assert f"best.pt is epoch {best} " in capsys.readouterr().err and best in (2, 3)
+    assert torch.load(tmp_path / "last.pt", weights_only=False)["train_config"]["eval_every"] == 2
+
+
 @pytest.mark.parametrize(
     ("argv", "lr"),
     [
@@ -280,6 +295,7 @@ def test_cli_learning_rate_defaults_to_the_architectures(
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
         (["--max-minutes", "0"], "--max-minutes must be positive, got 0.0"),
         (["--epoch-images", "0"], "--epoch-images must be at least 1, got 0"),
+        (["--eval-every", "0"], "--eval-every must be at least 1, got 0"),
         (["--ema", "1"], "--ema must be at least 0 and below 1, got 1.0"),
         (["--ema", "-0.5"], "--ema must be at least 0 and below 1, got -0.5"),
     ],

@@ -544,6 +544,7 @@ def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: P
     [
         (["--epoch-images", "0"], "--epoch-images must be at least 1, got 0"),
         (["--test-images", "-1"], "--test-images must be at least 1, got -1"),
+        (["--eval-every", "0"], "--eval-every must be at least 1, got 0"),
         (["--affine-cnn-channels", "64,64"], "expected three positive channel counts like 64,64,32, got '64,64'"),
     ],
 )
@@ -789,3 +790,78 @@ def test_the_affine_section_gives_each_models_last_epoch_and_flags_a_low_match_p
     assert ("`python -m training.report --sections affine --runs runs --epochs 6 --max-minutes 30`" in text) is (
         below_paper
     )
+
+
+# --- evaluating every N epochs (--eval-every) -------------------------------------------------------------------
+
+
+def test_match_accuracy_and_the_affine_section_use_evaluated_epochs_only(tmp_path: Path) -> None:
+    """Epochs without test columns (not evaluated) are neither matched, tabled nor drawn."""
+
+    def rows(accs: list[float | None]) -> list[dict[str, Any]]:
+        return [
+            {"epoch": i + 1, "train_loss": 0.1}
+            if a is None
+            else {"epoch": i + 1, "train_loss": 0.1, "test_error": 1 - a, "affine_error": 1 - a / 2, "affine_n": 10}
+            for i, a in enumerate(accs)
+        ]
+
+    histories = {"baseline": rows([None, 0.95, None, 0.97]), "dynamic": rows([None, 0.96, None])}
+    matched = affine.match_accuracy(histories)
+    assert matched is not None and matched["target_mnist_accuracy"] == pytest.approx(0.96)
+    assert matched["picks"]["baseline"]["epoch"] == 4 and matched["picks"]["dynamic"]["epoch"] == 2
+    assert affine.match_accuracy({"baseline": rows([0.9]), "dynamic": rows([None])}) is None
+    models = {arch: {"parameters": 1, "inference_flops_per_image": 1e9} for arch in histories}
+    ctx = context(tmp_path)
+    result = {"histories": histories, "models": models, "matched": matched}
+    text = affine.render_affine(ctx, common.save_result(ctx, "affine", result, {}), None)
+    assert "Each model's last evaluated epoch:" in text and "| CapsNet | 2 | 96.00% | 48.00% |" in text
+    assert (ctx.figures / "affine_vs_mnist.png").stat().st_size > 1000
+    waiting = {"histories": {"baseline": histories["baseline"], "dynamic": rows([None])}, "models": {}}
+    text = affine.render_affine(ctx, common.save_result(ctx, "affine", waiting | {"matched": None}, {}), None)
+    assert "No comparison yet: CapsNet has no epoch evaluated." in text and "The evaluated epochs so far:" in text
+    assert "| Baseline CNN | 2 |" in text and "| Baseline CNN | 1 |" not in text
+
+
+def test_the_compute_sentences_say_how_often_the_models_were_evaluated() -> None:
+    train = {"epochs": 8, "batch_size": 128, "lr": 0.001, "lr_decay": 0.99, "test_subset": 2000}
+    costs = {"train_flops_per_image": 10**9, "inference_flops_per_image": 10**9}
+    assert "evaluated after every epoch on the first 2,000" in compute.compute_sentence(train, 60_000, costs)
+    sentence = compute.compute_sentence(train | {"eval_every": 4}, 60_000, costs)
+    assert "evaluated every 4 epochs and wherever training stopped on the first 2,000 test digits" in sentence
+
+
+def test_report_cli_passes_eval_every_to_the_trainings(synthetic_mnist: Path, tmp_path: Path) -> None:
+    parser = build.build_parser()
+    assert build.sizes_from(parser, parser.parse_args(["--tiny"])).eval_every == 1
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.sizes = build.sizes_from(parser, parser.parse_args(["--tiny", "--eval-every", "3"]))
+    assert common.train_config(ctx, "baseline").eval_every == 3 == affine.affine_config(ctx, "dynamic").eval_every
+
+
+@pytest.mark.parametrize("section", ["baseline", "multimnist"])
+def test_sections_train_with_eval_every_and_render_the_epochs_not_evaluated(
+    section: str, synthetic_mnist: Path, tmp_path: Path
+) -> None:
+    """Three epochs, every 2nd evaluated: epoch 1 has no test error; the last is always evaluated."""
+    ctx = context(tmp_path, synthetic_mnist)
+    ctx.sizes = replace(Sizes.tiny(), epochs=3, eval_every=2, test_subset=16)
+    runner, render = {
+        "baseline": (baseline.run_baseline, baseline.render_baseline),
+        "multimnist": (multimnist_section.run_multimnist, multimnist_section.render_multimnist),
+    }[section]
+    result, arrays = runner(ctx)
+    assert [row.get("test_n") for row in result["history"]] == [None, 16, 16]
+    config = result["train_config"] if section == "baseline" else result["config"]
+    assert config["eval_every"] == 2
+    text = render(ctx, common.save_result(ctx, section, result, arrays), None)
+    assert "every 2 epochs and wherever training stopped" in text and "after every epoch" not in text
+    if section == "baseline":
+        assert [p["epoch"] for p in baseline.cumulative(result["history"], 64, 10**9)] == [2, 3]
+        assert "| baseline CNN (this run) | 53,038 | 0.01 | 192 |" in text  # its last point: 3 epochs of 64
+    else:
+        assert result["test_epoch"] == 3 and "| CapsNet (this run) | 239,008 | 3 |" in text
+        del result["history"][-1]["test_error"]  # a run stopped after an epoch it did not evaluate
+        result |= multimnist_section.last_tested(result["history"])
+        text = render(ctx, common.save_result(ctx, section, result, arrays), None)
+        assert "| CapsNet (this run) | 239,008 | 3 (tested after epoch 2) |" in text
