@@ -55,6 +55,9 @@ RANKED = 3  # the largest scores, in order, that `ranked_scores` holds
 NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relative_distance
 
 
+ROW_BLOCK = 8  # the pattern network pads a batch to a multiple of this many rows: BLAS sums a row's products in
+# an order that depends on the rows of the call (one row takes another kernel), so unpadded, an image's float32
+# score moved in its seventh digit with the batch it came in
 CHUNK_FLOATS = 16_000  # float64 values per temporary: 128,000 bytes, below glibc's 128 KiB mmap threshold
 
 
@@ -250,7 +253,9 @@ class PatternNetwork:
             raise ValueError(
                 f"the pattern network takes {self.width} numbers per image, the model gave {vectors.shape[1]}"
             )
-        x = ((vectors - self.mean) / self.scale).astype(self._first.dtype)  # standardised in float64, as fitted
+        n = len(vectors)
+        x = np.zeros((-(-n // ROW_BLOCK) * ROW_BLOCK, self.width), self._first.dtype)
+        x[:n] = (vectors - self.mean) / self.scale  # standardised in float64, as fitted
         hidden = x @ self._first
         hidden += self._first_bias
         total = np.zeros(len(x))
@@ -260,7 +265,7 @@ class PatternNetwork:
                 h = np.maximum(h, 0) @ weight
                 h += bias
             total += h[:, 0]
-        return total / len(self.members)
+        return total[:n] / len(self.members)
 
     def pattern(
         self,

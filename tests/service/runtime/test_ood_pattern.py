@@ -145,6 +145,23 @@ def test_the_network_agrees_with_plain_float64_for_members_of_any_shape(n: int) 
     np.testing.assert_allclose(PatternNetwork.from_card(entry)(vectors), reference_network(entry, vectors), rtol=1e-12)
 
 
+@pytest.mark.parametrize("card", ["capsnet-mnist", "capsnet-em-mnist"])
+def test_an_image_gets_the_same_pattern_bits_in_any_batch(card: str) -> None:
+    """The served network pads each call to whole blocks of rows: without it, BLAS sums a row in an order that
+    depends on the rows beside it, and the same upload's score moved in its seventh digit with its batch."""
+    from threadpoolctl import threadpool_limits
+
+    card_file = Path(__file__).parents[3] / "model" / "zoo" / card / "model.json"
+    net = PatternNetwork.from_card(json.loads(card_file.read_text())["ood"]["network"])
+    vectors = np.random.default_rng(0).normal(size=(70, net.width)) * net.scale + net.mean
+    with threadpool_limits(limits=1, user_api="blas"):  # as the server runs it
+        whole = net(vectors)
+        for n in [*range(1, 20), 33, 64, 70]:
+            np.testing.assert_array_equal(net(vectors[:n]), whole[:n], err_msg=f"a batch of {n}")
+        for start in (1, 5, 13):
+            np.testing.assert_array_equal(net(vectors[start : start + 3]), whole[start : start + 3])
+
+
 def calibration_entry() -> dict[str, Any]:
     return {
         "reference": {"n": 10},
