@@ -55,9 +55,8 @@ RANKED = 3  # the largest scores, in order, that `ranked_scores` holds
 NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relative_distance
 
 
-ROW_BLOCK = 8  # the pattern network pads a batch to a multiple of this many rows: BLAS sums a row's products in
-# an order that depends on the rows of the call (one row takes another kernel), so unpadded, an image's float32
-# score moved in its seventh digit with the batch it came in
+ROW_BLOCK = 8  # the pattern network pads a batch to a multiple of this many rows, so that a row's bits do not
+# depend on its batch: BLAS sums a row's products in an order that depends on the rows of the call
 CHUNK_FLOATS = 16_000  # float64 values per temporary: 128,000 bytes, below glibc's 128 KiB mmap threshold
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from threadpoolctl import threadpool_limits
 
 from service.contract import (
     ImageDecodeError,
@@ -73,6 +74,7 @@ class Predictor:
     """
 
     def __init__(self, model: str | os.PathLike[str] | ModelDir, options: PredictOptions) -> None:
+        threadpool_limits(limits=1, user_api="blas")  # as the server runs: the score's bits depend on BLAS threads
         self.model = model if isinstance(model, ModelDir) else load_model_dir(model)
         self.options = options
         card = self.card = self.model.card

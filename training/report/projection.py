@@ -61,15 +61,17 @@ def project(rows: list[dict[str, Any]], target: float, epoch_images: int, key: s
     best_so_far = list(itertools.accumulate((e for _, e, _ in measured), min))
     points = [(n, b, r) for (n, _, r), b in zip(measured, best_so_far, strict=True) if b > 0]
     points = points[-(last if last is not None else max(MIN_POINTS, math.ceil(len(points) / 2))) :]
+    best = min((e for _, e, _ in measured), default=math.inf)
+    if best <= target and len(points) < MIN_POINTS:  # reached, at an error of 0 the line has nothing to fit
+        hit, done = next(n for n, e, _ in measured if e <= target), measured[-1][0]
+        return Projection(target, epoch_images, len(points), done, best, best, 0.0, hit, 0, 0.0)
     if len(points) < MIN_POINTS:
         raise ValueError(f"fitting needs at least 2 epochs with a positive {key}; the file has {len(points)}")
     fall, intercept = np.polyfit(np.log([n for n, _, _ in points]), np.log([e for _, e, _ in points]), 1)
     slope = float(-fall)
     done = points[-1][0]
     error_now = math.exp(intercept - slope * math.log(done))
-    best = min(e for _, e, _ in measured)
-    rates = [float(r["images_per_second"]) for _, _, r in points if r.get("images_per_second")]
-    rate = sum(rates) / len(rates) if rates else None
+    rate = images_per_second(rows, int(points[0][2]["epoch"]), int(points[-1][2]["epoch"]), epoch_images)
     to_target: int | None = None
     if best <= target:
         to_target = next(n for n, e, _ in measured if e <= target)
@@ -80,6 +82,17 @@ def project(rows: list[dict[str, Any]], target: float, epoch_images: int, key: s
     return Projection(
         target, epoch_images, len(points), done, round(error_now, 6), best, round(slope, 4), to_target, more, hours
     )
+
+
+def images_per_second(rows: list[dict[str, Any]], first: int, last: int, epoch_images: int) -> float | None:
+    """Training images over training seconds of the epochs `first` to `last` (evaluated or not), so slow epochs
+    weigh as the time they took; from their `images_per_second` when the rows record no `seconds`."""
+    span = [r for r in rows if first <= int(r["epoch"]) <= last]
+    seconds = sum(float(r.get("seconds") or 0.0) for r in span)
+    if seconds > 0 and all(r.get("seconds") for r in span):
+        return len(span) * epoch_images / seconds
+    rates = [float(r["images_per_second"]) for r in span if r.get("images_per_second")]
+    return len(rates) / sum(1 / v for v in rates) if rates else None  # harmonic: images over time
 
 
 def percent(error: float) -> str:

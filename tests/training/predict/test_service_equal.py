@@ -74,3 +74,14 @@ def test_rows_equal_the_service_s_answers_bit_for_bit(
     outputs = {o["name"]: np.asarray(o["data"], np.float32) for o in v2.json()["outputs"]}
     assert np.array_equal(outputs["lengths"], np.float32([row["scores"] for row in rows]).reshape(-1))
     assert np.array_equal(outputs["poses"], np.float32([row["poses"] for row in rows]).reshape(-1))
+
+
+def test_a_predictor_keeps_numpys_blas_on_one_thread_as_the_server_does(dynamic_model: Path) -> None:
+    """The "not a digit" network's float32 products sum in another order with two BLAS threads: rows would differ
+    from the service's in the score's sixth decimal on a machine with more cores."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    with threadpool_limits(limits=2, user_api="blas"):  # restored afterwards, whatever the predictor sets
+        Predictor(dynamic_model, PredictOptions(batch_size=4, threads=1))
+        blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+        assert blas and all(pool["num_threads"] == 1 for pool in blas)

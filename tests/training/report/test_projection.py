@@ -198,3 +198,17 @@ def test_the_affine_section_projects_each_model(tmp_path: Path) -> None:
     assert "[the figure above](report/figures/affine_vs_mnist.png)" not in text  # cited only when out of reach
     assert text.index("**Projection (CapsNet).**") < text.index("**Partial result.**")
     assert (ctx.figures / "affine_vs_mnist.png").is_file()
+
+
+def test_a_zero_error_epoch_counts_as_reached_not_as_a_curve_too_short() -> None:
+    rows = [{"epoch": 1, "test_error": 0.02}, {"epoch": 2, "test_error": 0.0}, {"epoch": 3, "test_error": 0.01}]
+    text = outlook(rows, 0.006, 1000, 10_000)
+    assert "It is reached: first at epoch 2, after 2,000 training images." in text
+
+
+def test_the_rate_is_images_over_seconds_so_slow_epochs_weigh_as_long_as_they_took() -> None:
+    rows = [{"epoch": k, "test_error": 0.1 / k, "seconds": s, "images_per_second": 1000 / s}
+            for k, s in ((1, 10.0), (2, 10.0), (3, 10.0), (4, 90.0))]  # fmt: skip
+    p = project(rows, target=0.0001, epoch_images=1000, last=2)  # 1,000,000 images: 996,000 more
+    assert p.images_more == pytest.approx(996_000, abs=2)  # ceil of a float power law
+    assert p.hours_more == pytest.approx(996_000 / (2000 / 100.0) / 3600, abs=0.1)  # 13.8 h at 20 images/s
