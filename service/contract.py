@@ -50,6 +50,7 @@ from service.runtime.ood import (
     PatternNetwork,
     capsule_vector,
     image_features,
+    one_blas_thread,
 )
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "occlusion_grid",
     "occlusion_grid_size",
     "occlusion_tiles",
+    "one_blas_thread",
     "parse_card",
     "portable_command",
     "portable_path",

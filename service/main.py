@@ -23,7 +23,6 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.telemetry import TelemetryConfig
 from pydantic import ValidationError
 from pydantic.json_schema import models_json_schema
-from threadpoolctl import threadpool_limits
 
 from service.api.connection import ConnectionLimits, guarded_protocol
 from service.api.deps import admin_auth, bearer_auth
@@ -37,6 +36,7 @@ from service.core.config import ConfigError, Settings, closest, unknown_variable
 from service.core.errors import describe_errors, install_error_handlers
 from service.core.metrics import Metrics
 from service.grpc.server import GrpcServer
+from service.runtime.ood import one_blas_thread
 from service.runtime.registry import ModelRegistry
 from service.runtime.repository import model_directories
 
@@ -141,9 +141,7 @@ def include_routers(app: FastAPI, settings: Settings) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The app; the models load when its lifespan starts. ConfigError for an unreadable or empty token file."""
     settings = settings or Settings()
-    # numpy's BLAS on one thread: the server's products are small ("not a digit" network: a batch against 128
-    # columns), faster alone, and a second OpenBLAS thread spinning after each one takes a core from ONNX Runtime
-    threadpool_limits(limits=1, user_api="blas")
+    one_blas_thread()
     app = FastAPI(
         title="capsnet-serve",
         version=v2.server_version(),

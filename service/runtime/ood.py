@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 Tail = Literal["upper", "lower", "both"]
 TAILS = ("upper", "lower", "both")
@@ -58,6 +59,13 @@ NORM_FLOOR = 1e-3  # ||x|| below this (a blank image) is taken as this in relati
 ROW_BLOCK = 8  # the pattern network pads a batch to a multiple of this many rows, so that a row's bits do not
 # depend on its batch: BLAS sums a row's products in an order that depends on the rows of the call
 CHUNK_FLOATS = 16_000  # float64 values per temporary: 128,000 bytes, below glibc's 128 KiB mmap threshold
+
+
+def one_blas_thread() -> None:
+    """numpy's BLAS on one thread for the whole process, wherever cards are scored (server, calibration, batch
+    prediction): the pattern network's float32 bits depend on BLAS's threads, and a second OpenBLAS thread spinning
+    after each small product takes a core from ONNX Runtime."""
+    threadpool_limits(limits=1, user_api="blas")
 
 
 def chunk_rows(images: np.ndarray) -> int:

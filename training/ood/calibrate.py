@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from service.contract import (
     FEATURE_TAILS,
@@ -25,6 +24,7 @@ from service.contract import (
     OODCalibration,
     array_to_png,
     decode_image,
+    one_blas_thread,
     preprocess,
     read_card,
 )
@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    threadpool_limits(limits=1, user_api="blas")  # as the server does: the score's bits depend on BLAS's threads
+    one_blas_thread()
     try:
         if args.write_edges is not None:
             pair = write_edges(Path(args.model), args.write_edges)

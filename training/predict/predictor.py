@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from threadpoolctl import threadpool_limits
 
 from service.contract import (
     ImageDecodeError,
@@ -22,6 +21,7 @@ from service.contract import (
     create_session,
     decode_image,
     load_model_dir,
+    one_blas_thread,
     preprocess,
 )
 from training.predict.sources import Item
@@ -74,7 +74,7 @@ class Predictor:
     """
 
     def __init__(self, model: str | os.PathLike[str] | ModelDir, options: PredictOptions) -> None:
-        threadpool_limits(limits=1, user_api="blas")  # as the server runs: the score's bits depend on BLAS threads
+        one_blas_thread()  # as the server runs
         self.model = model if isinstance(model, ModelDir) else load_model_dir(model)
         self.options = options
         card = self.card = self.model.card

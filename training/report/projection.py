@@ -154,21 +154,17 @@ def outlook(rows: list[dict[str, Any]], target: float, epoch_images: int, planne
             curve: str = "the curve above") -> str:  # fmt: skip
     """`verdict` of a run's history `rows` (metrics.jsonl rows in epoch order), or, when fewer than `MIN_POINTS`
     epochs have a positive `key`, that the curve is too short to project (or the epoch that reached the target)."""
-    usable = [r for r in rows if r.get(key) is not None and float(r[key]) > 0]
-    if len(usable) >= MIN_POINTS:
-        p = project(rows, target, epoch_images, key)
-        return verdict(p, planned_images, unit=unit, measure=measure, curve=curve)
-    measured = [r for r in rows if r.get(key) is not None]
+    measured = [float(r[key]) for r in rows if r.get(key) is not None]
     if not measured:
         return (
             f"The target is {percent(target)} {measure}. No epoch is measured yet: the curve is too short to project."
         )
-    best = min(measured, key=lambda r: float(r[key]))
-    head = target_head(target, float(best[key]), measure)
-    if float(best[key]) <= target:
-        hit = next(r for r in measured if float(r[key]) <= target)
-        return f"{head} {reached_at(int(hit['epoch']), int(hit['epoch']) * epoch_images, unit)}"
+    usable = [e for e in itertools.accumulate(measured, min) if e > 0]  # the best-so-far errors `project` fits
+    if len(usable) >= MIN_POINTS or min(measured) <= target:
+        p = project(rows, target, epoch_images, key)
+        return verdict(p, planned_images, unit=unit, measure=measure, curve=curve)
     epochs = f"{len(usable)} epoch{'' if len(usable) == 1 else 's'}"
+    head = target_head(target, min(measured), measure)
     return f"{head} The curve has {epochs} so far, too short to project (a power law needs {MIN_POINTS})."
 
 
