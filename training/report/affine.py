@@ -109,10 +109,13 @@ def match_accuracy(histories: dict[str, list[dict[str, Any]]]) -> dict[str, Any]
 
 
 def affine_config(ctx: Context, arch: str) -> TrainConfig:
-    """The training protocol of §5.2 for `arch`: digits placed anywhere on 40x40; the CNN's channels from sizes."""
+    """The training protocol of §5.2 for `arch`: digits placed anywhere on 40x40; the CNN's channels and epochs
+    from sizes."""
     overrides: dict[str, Any] = {}
     if arch == "baseline" and ctx.sizes.affine_cnn_channels is not None:
         overrides["model_overrides"] = {"conv_channels": tuple(ctx.sizes.affine_cnn_channels)}
+    if arch == "baseline" and ctx.sizes.affine_cnn_epochs is not None:
+        overrides["epochs"] = ctx.sizes.affine_cnn_epochs
     return train_config(ctx, arch, canvas=AFFINE_CANVAS, max_shift=AFFINE_SHIFT, **overrides)
 
 

@@ -222,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the affine section's CNN: the paper baseline with these conv channels (default: 256,256,128)",
     )
     p.add_argument(
+        "--affine-cnn-epochs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the affine section's CNN trains N epochs and CapsNet --epochs, so the CNN can stop once it has the "
+        "accuracy the comparison needs; a run under --runs may continue with a larger N (default: --epochs)",
+    )
+    p.add_argument(
         "--capsnet-curve",
         default=str(REPO_ROOT / "docs" / "training" / "capsnet-mnist" / "from-scratch" / "metrics.jsonl"),
         help="a capsnet-train metrics.jsonl drawn beside the baseline CNN's curve "
@@ -260,13 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def sizes_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sizes:
     """The experiments' sizes: the paper's (or tiny), with what the command line overrides."""
-    for name in ("epochs", "epoch_images", "test_images", "eval_batch_size", "eval_every"):
+    for name in ("epochs", "epoch_images", "test_images", "eval_batch_size", "eval_every", "affine_cnn_epochs"):
         if (value := getattr(args, name)) is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     sizes = Sizes.tiny() if args.tiny else Sizes()
     overrides = {
         "epochs": args.epochs, "epoch_images": args.epoch_images, "eval_batch_size": args.eval_batch_size,
         "eval_every": args.eval_every, "test_subset": args.test_images, "affine_cnn_channels": args.affine_cnn_channels,
+        "affine_cnn_epochs": args.affine_cnn_epochs,
     }  # fmt: skip
     return replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
 

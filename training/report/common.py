@@ -59,6 +59,7 @@ class Sizes:
     test_subset: int | None = None  # evaluate on the first N test digits (None: all 10,000)
     epoch_images: int | None = None  # an epoch is N training images (None: the whole set, as in the paper)
     affine_cnn_channels: tuple[int, ...] | None = None  # the affine section's CNN (None: the paper baseline's)
+    affine_cnn_epochs: int | None = None  # the affine section's CNN trains this many epochs (None: `epochs`)
     multimnist_test_pairs: int = 1  # composites per test digit
     batches: tuple[int, ...] = (1, 8, 32, 128, 256)
     speed_seconds: float = 2.0  # per (runtime, batch) measurement

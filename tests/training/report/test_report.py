@@ -512,6 +512,15 @@ def test_the_affine_section_trains_the_cnn_first_and_waits_for_capsnet(
     )
 
 
+def test_the_affine_cnn_can_train_fewer_epochs_than_capsnet(synthetic_mnist: Path, tmp_path: Path) -> None:
+    ctx = context(tmp_path, synthetic_mnist)
+    assert affine.affine_config(ctx, "baseline").epochs == affine.affine_config(ctx, "dynamic").epochs == 1
+    ctx.sizes = replace(Sizes.tiny(), epochs=5, affine_cnn_epochs=2)
+    assert affine.affine_config(ctx, "baseline").epochs == 2 and affine.affine_config(ctx, "dynamic").epochs == 5
+    args = build.build_parser().parse_args(["--tiny", "--epochs", "5", "--affine-cnn-epochs", "2"])
+    assert build.sizes_from(build.build_parser(), args).affine_cnn_epochs == 2
+
+
 def test_baseline_curve_is_compared_with_capsnet_at_the_same_training_compute() -> None:
     capsnet = baseline.cumulative([{"epoch": e, "test_error": 0.01 / e} for e in (1, 2, 3)], 1000, 10**9)
     assert [p["pflop"] for p in capsnet] == [0.001, 0.002, 0.003]
@@ -545,6 +554,7 @@ def test_baseline_section_draws_capsnets_curve_beside_its_own(synthetic_mnist: P
         (["--epoch-images", "0"], "--epoch-images must be at least 1, got 0"),
         (["--test-images", "-1"], "--test-images must be at least 1, got -1"),
         (["--eval-every", "0"], "--eval-every must be at least 1, got 0"),
+        (["--affine-cnn-epochs", "0"], "--affine-cnn-epochs must be at least 1, got 0"),
         (["--affine-cnn-channels", "64,64"], "expected three positive channel counts like 64,64,32, got '64,64'"),
     ],
 )
