@@ -17,7 +17,7 @@ from model.baseline import BASELINE_PRESETS, BaselineCNN, BaselineConfig
 from model.capsnet import CapsNet
 from model.config import EM_PRESETS, CapsNetConfig, EMCapsNetConfig
 from model.em import EMCapsNet
-from model.losses import margin_loss, reconstruction_loss, spread_loss, spread_margin
+from model.losses import margin_loss, margin_loss_multi, reconstruction_loss, spread_loss, spread_margin
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ class Architecture:
     forward: (model, images, labels or None) -> outputs.
     export: (model, model config dict) -> ExportSpec; None when the architecture cannot be exported.
     default_lr: Adam's learning rate when the run does not set one (`capsnet-train --lr`).
+    absent: outputs of images with no digit -> the loss that says no class is present (outlier exposure,
+        `capsnet-train --exposure`); None when the architecture's scores cannot say it.
     """
 
     name: str
@@ -84,6 +86,7 @@ class Architecture:
     forward: Callable[[nn.Module, torch.Tensor, torch.Tensor | None], Any]
     export: Callable[[nn.Module, dict[str, Any]], ExportSpec] | None = None
     default_lr: float = 1e-3
+    absent: Callable[[Any], torch.Tensor] | None = None
 
 
 RECONSTRUCTION_WEIGHT = 0.0005  # Sabour et al. 2017 §4.1
@@ -157,6 +160,12 @@ def _dynamic_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
     )
 
 
+def _dynamic_absent(out: Any) -> torch.Tensor:
+    """Margin loss with no class present: every capsule shorter than m- = 0.1 (eq. 4 with all T_k = 0)."""
+    lengths = out.lengths.float()
+    return margin_loss_multi(lengths, torch.zeros_like(lengths))
+
+
 def _em_config(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
     clean = {k: v for k, v in overrides.items() if v is not None}
     if "routing" in clean:
@@ -173,6 +182,13 @@ def _em_loss(out: Any, images: torch.Tensor, labels: torch.Tensor, progress: flo
     margin = spread_margin(progress)  # 0.2 -> 0.9 over the first half of training, then held (docs/em-routing.md)
     loss = spread_loss(out.activations.float(), labels, margin)
     return LossParts(loss, {"spread_loss": loss, "spread_margin": torch.tensor(margin)})
+
+
+def _em_absent(out: Any) -> torch.Tensor:
+    """No class present: every activation below 0.1, the form of the margin loss's absent term. A digit's own
+    activation ends at least the spread margin, 0.9, above the others', so the two stay apart."""
+    activations = out.activations.float()
+    return margin_loss_multi(activations, torch.zeros_like(activations))
 
 
 def _em_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
@@ -225,6 +241,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         scores=lambda out: out.lengths,
         forward=lambda model, images, labels: model(images, labels),
         export=_dynamic_export,
+        absent=_dynamic_absent,
     ),
     "em": Architecture(
         name="em",
@@ -235,6 +252,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         forward=lambda model, images, labels: model(images, labels),
         export=_em_export,
         default_lr=EM_LEARNING_RATE,
+        absent=_em_absent,
     ),
     "baseline": Architecture(
         name="baseline",

@@ -28,5 +28,7 @@ class TrainConfig:
     test_subset: int | None = None
     eval_batch_size: int = 500
     eval_every: int = 1  # evaluate after every N-th epoch, the last, and the last before a time-budget stop
+    exposure: int = 0  # non-digit images a step may draw from (outlier exposure, training/fitting/exposure.py); 0: off
+    exposure_weight: float = 0.5  # the weight of their "no class present" loss beside the digits' loss
     dry_run: bool = False
     model_overrides: dict[str, Any] = field(default_factory=dict)

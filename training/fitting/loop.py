@@ -293,9 +293,8 @@ class Trainer(Generic[TaskT]):
             raise ValueError(f"checkpoint {path} was trained with a different architecture or model config")
         if strict:
             wanted = asdict(self.cfg)
-            check_resumable(
-                path, state["train_config"], wanted, int(state["epoch"]), self.cfg.epochs, RESUMABLE_CHANGES
-            )
+            saved = {**asdict(TrainConfig()), **state["train_config"]}  # a setting added since: it was the default
+            check_resumable(path, saved, wanted, int(state["epoch"]), self.cfg.epochs, RESUMABLE_CHANGES)
         self.model.load_state_dict(state.get("training_model", state["model"]))
         if self.ema is not None:  # without a saved average it starts from these weights (its next update copies)
             self.ema.module.load_state_dict(state["model"])

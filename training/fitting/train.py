@@ -152,6 +152,7 @@ class ClassificationTask:
         self.train_images = torch.from_numpy(data.train.images)
         self.train_labels = torch.from_numpy(data.train.labels)
         self.shifts = torch.Generator()
+        self.warm_start = False  # a model trained before: the loss sees training as done (EM's margin stays 0.9)
 
     def batches(self, epoch: int) -> list[torch.Tensor]:
         self.shifts.manual_seed(self.cfg.seed * 100_003 + epoch * 101 + self.info.rank)
@@ -162,7 +163,7 @@ class ClassificationTask:
         labels = self.train_labels[batch].to(self.device)
         with autocast():
             out = self.arch.forward(model, images, labels)
-        loss = self.arch.loss(out, images, labels, progress)
+        loss = self.arch.loss(out, images, labels, 1.0 if self.warm_start else progress)
         correct = int((self.arch.scores(out).argmax(dim=1) == labels).sum())
         return Step(loss.total, {k: v.detach() for k, v in loss.parts.items()}, len(batch), correct)
 
@@ -206,11 +207,18 @@ def mnist_trainer(
 ) -> Trainer[ClassificationTask]:
     """The Trainer of a capsnet-train run: MNIST from `data_dir`, the model `cfg` describes, seeded by `cfg.seed`.
 
-    `make_task` builds the task from the loaded data (default: ClassificationTask; a subclass may judge more).
+    `make_task` builds the task from the loaded data (default: ClassificationTask; a subclass may judge more; with
+    `cfg.exposure`, ExposureTask, which also trains on non-digits).
     `init_from`: a model directory of the same architecture and model config to take the first weights from
     (rebuilt from its graphs and checked against them on the test images); the rest of the run is seeded as
     without it, and the optimizer and schedule start fresh.
     """
+    if cfg.exposure:
+        if make_task is not ClassificationTask:
+            raise ValueError("outlier exposure (--exposure) trains plain MNIST classification only")
+        from training.fitting.exposure import ExposureTask  # it builds on this module
+
+        make_task = ExposureTask
     info = init_distributed(cfg.device)
     device = resolve_device(cfg.device)
     if device.type == "cuda" and info.world_size > 1:
@@ -226,7 +234,9 @@ def mnist_trainer(
         log.info("initialised from %s (version %s)", init_from, start.provenance["version"])
     task = make_task(cfg, arch, data, device, info)
     provenance = None if start is None else start.provenance
-    return Trainer(cfg, task, model, model_config, out_dir, resume, strict_resume, info, init_from=provenance)
+    trainer = Trainer(cfg, task, model, model_config, out_dir, resume, strict_resume, info, init_from=provenance)
+    task.warm_start = trainer.init_from is not None  # a warm start, or a run resumed from one
+    return trainer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -311,6 +321,24 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: none, random initialisation)",
     )
     p.add_argument(
+        "--exposure",
+        type=int,
+        default=0,
+        metavar="N",
+        help='outlier exposure: draw N non-digit images (the "not a digit" score\'s fitting sets and turned '
+        "training digits, seeded by --seed) and add half a batch of them to every step, trained to have no class "
+        'present, so the capsule lengths (EM: activations) say "not a digit"; dynamic and em only '
+        "(default: 0, off)",
+    )
+    p.add_argument(
+        "--exposure-weight",
+        type=float,
+        default=0.5,
+        metavar="W",
+        help="with --exposure: the weight of the non-digits' \"no class present\" loss beside the digits' "
+        "(default: 0.5)",
+    )
+    p.add_argument(
         "--val-split",
         type=int,
         default=0,
@@ -378,6 +406,12 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--ema must be at least 0 and below 1, got {args.ema}")
     if not args.checkpoint_minutes >= 0:
         parser.error(f"--checkpoint-minutes must be 0 or more, got {args.checkpoint_minutes}")
+    if args.exposure < 0:
+        parser.error(f"--exposure must be 0 (off) or a number of non-digit images, got {args.exposure}")
+    if args.exposure and get_architecture(args.arch).absent is None:
+        parser.error(f"--exposure needs a capsule architecture (dynamic or em), not --arch {args.arch}")
+    if not args.exposure_weight > 0:
+        parser.error(f"--exposure-weight must be positive, got {args.exposure_weight}")
     if args.init_from is not None and args.resume is not None:
         parser.error(
             "--init-from and --resume cannot be combined: --init-from starts a new run from a model directory's "
@@ -430,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         max_shift=args.max_shift, canvas=args.canvas, ema=args.ema or 0.0,
         seed=args.seed, device=args.device, amp=args.amp, val_split=args.val_split, train_subset=args.train_subset,
         test_subset=args.test_subset, epoch_images=args.epoch_images, eval_every=args.eval_every, dry_run=args.dry_run,
+        exposure=args.exposure, exposure_weight=args.exposure_weight,
     )  # fmt: skip
     try:
         deadline = None if args.max_minutes is None else time.monotonic() + 60.0 * args.max_minutes

@@ -2,7 +2,8 @@
 
 Every image is drawn on its own canvas and passed through the service's preprocessing (`service.imaging.preprocess`),
 exactly as an upload would be. Each role has its own fonts and generators: `NONDIGIT_SETS` fit the pattern network
-(role `network`, another stream) and the combiner; `VALIDATION_SETS` choose the detector; `TEST_SETS` are reported
+(role `network`, another stream) and the combiner, and a CapsNet trains on them as "no digit" (role `exposure`,
+another stream: `capsnet-train --exposure`); `VALIDATION_SETS` choose the detector; `TEST_SETS` are reported
 once and share no font, generator or letter of another script with any other role (the shapes of `training.ood.shapes`);
 `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`). docs/not-a-digit.md lists them. Glyph
 twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav; Thai ro and o ang; Arabic
@@ -322,6 +323,7 @@ ROLES = {
     "test": (TEST_SETS, 2),
     "confirmation": (CONFIRMATION_SETS, 3),
     "network": (NONDIGIT_SETS, 4),  # the fitting sets, other images: those the pattern network learns from
+    "exposure": (NONDIGIT_SETS, 5),  # the fitting sets, other images: those a network trains on as "no digit"
 }
 
 
@@ -332,8 +334,9 @@ def to_model_input(picture: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def make_set(name: str, n: int, seed: int, shape: tuple[int, ...] = (1, 28, 28), role: str = "fit") -> np.ndarray:
-    """n preprocessed images (n, *shape) of one set of a role (fit, network, validation, test, confirmation); the
-    same (name, n, seed, role) always gives the same images, and each role draws from its own random stream."""
+    """n preprocessed images (n, *shape) of one set of a role (fit, network, exposure, validation, test,
+    confirmation); the same (name, n, seed, role) always gives the same images, and each role draws from its own
+    random stream."""
     sets, stream = ROLES[role]
     if name not in sets:
         raise ValueError(f"unknown {role} non-digit set {name!r}; choose one of {sorted(sets)}")

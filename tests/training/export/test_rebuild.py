@@ -6,13 +6,17 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from model.capsnet import CapsNet
 from model.config import CapsNetConfig
+from tests.conftest import REPO_ROOT
+from training.data.mnist import MNISTSplit
 from training.export import exporter as export
 from training.export.exporter import export_from_model_dir
+from training.export.graphs import TOLERANCES
 from training.export.rebuild import RebuildError, rebuild_model
 
 
@@ -83,3 +87,13 @@ def test_rebuild_refuses_a_card_that_does_not_fit_the_graphs(original: tuple[Cap
     (copy / "model.json").write_text(json.dumps(card))
     with pytest.raises(RebuildError, match=r"conv1.weight: shape \[\d+, 1, \d+, \d+\] in the graph"):
         rebuild_model(copy)
+
+
+def test_a_card_older_than_an_output_role_rebuilds_at_the_exporters_tolerance() -> None:
+    """The bundled EM card predates the "parts" role's tolerance: its graph still rebuilds, checked on every output."""
+    directory = REPO_ROOT / "model" / "zoo" / "capsnet-em-mnist"
+    assert "parts" not in json.loads((directory / "model.json").read_text())["export"]["parity"]["tolerance"]
+    bars = np.pad(np.full((8, 1, 20, 4), 255, np.uint8), ((0, 0), (0, 0), (4, 4), (12, 12)))  # eight ones
+    _, _, diffs = rebuild_model(directory, MNISTSplit(bars, np.ones(8, np.int64)))
+    assert set(diffs) == {"capsnet.onnx:activations", "capsnet.onnx:poses", "capsnet.onnx:parts"}
+    assert diffs["capsnet.onnx:parts"] <= TOLERANCES["parts"]

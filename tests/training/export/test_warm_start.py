@@ -58,6 +58,7 @@ def test_a_warm_start_begins_with_the_exported_weights_and_fresh_training_state(
     assert not torch.equal(cold.model.state_dict()["conv1.weight"], got["conv1.weight"])
     assert warm.epoch == 0 and warm.history == [] and not warm.optimizer.state
     assert warm.optimizer.param_groups[0]["lr"] == 0.002
+    assert warm.task.warm_start and not cold.task.warm_start  # a trained model's loss is at its final settings
 
 
 def test_the_run_records_where_it_started_and_its_exported_card_says_so(
@@ -74,6 +75,7 @@ def test_the_run_records_where_it_started_and_its_exported_card_says_so(
     assert last["init_from"] == want
     resumed = mnist_trainer(TrainConfig(epochs=2, **TINY), str(mnist_dir), out, resume=str(out / "last.pt"))  # type: ignore[arg-type]
     assert resumed.init_from == want, "a resumed warm start keeps its origin"
+    assert resumed.task.warm_start
     card = export_checkpoint(
         out / "last.pt", tmp_path / "warm", data_dir=str(mnist_dir), evaluate=False, torchscript=False
     )
