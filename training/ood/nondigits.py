@@ -39,9 +39,13 @@ SYMBOLS = "+−×÷=%#@&*?<>~^"  # no bars, slashes or brackets: after cropping 
 SCRIPTS_FIT = (  # Greek, Cyrillic and Hebrew letters; no digit twins
     "ξζηκνρστυГИЙКУЦЭгийкуцэשאמצםαβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпגדהכלנעפקרת"
 )
-SCRIPTS = (  # Thai, Hangul syllables, Ethiopic, Devanagari and Arabic letters the fitting never draws; no digit twins
+SCRIPTS_MORE = (  # Thai, Hangul syllables, Ethiopic, Devanagari and Arabic letters, fitting only; no digit twins
     "กขคฆฉชซญฎฏฐฑฒณดตถทนบปผฝพฟภมยศษสหฬ" "한글국어말사람나무하늘바다강산별달꽃"
     "ሀለሐመሠሰሸቀበተቸኀነኘአከኸወዘዠየደጀጠጨጰጸፀፈፐ" "कखगघङचछजझञणतथधनपफबभमयलवशषसह" "بتثجحخسشصضطظفقكلني"
+)  # fmt: skip
+SCRIPTS = (  # Bengali, Tamil and Khmer letters and CJK ideographs the fitting never draws; no digit twins
+    "অআকখগঘচছজঝঞটথদধনপফভমযলশষসহ" "அஆஇஈஐஞடணதநபமயலவழளறன" "កគឃងឆជឈញដឋណតថធបផពភមយលសហឡអ"
+    "漢字語書読電鳥森林学校海空雪風花草島館様識議護響驚龍鬱門問間黒線"
 )  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
 FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 25 families more (6 handwriting-like)
@@ -68,6 +72,20 @@ FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 25 
     "opentype/bwht/BecauseWeCreate-Regular.otf", "opentype/kaushanscript/KaushanScript-Regular.otf",
     "truetype/cabinsketch/CabinSketch-Regular.ttf", "opentype/neohellenic/GFSNeohellenic.otf",
     "truetype/culmus/FrankRuehlCLM-Medium.ttf", "truetype/culmus/DavidCLM-Medium.otf",
+
+    "truetype/roboto/unhinted/RobotoTTF/Roboto-Regular.ttf", "truetype/quicksand/Quicksand-Regular.ttf",
+    "opentype/league-spartan/LeagueSpartan-Regular.otf", "truetype/vollkorn/Vollkorn-Regular.ttf",
+    "truetype/fonts-oldstandard/OldStandard-Regular.ttf", "truetype/charis/CharisSIL-Regular.ttf",
+    "opentype/sortsmill/GoudyBookletter1911.otf", "truetype/tuffy/Tuffy.ttf", "fonts-go/Go-Regular.ttf",
+    "opentype/opendyslexic/OpenDyslexic-Regular.otf", "truetype/seto/setofont.ttf", "truetype/nanum/NanumPen.ttf",
+    "truetype/nanum/NanumBrush.ttf", "opentype/lobstertwo/LobsterTwo-Regular.otf",
+    "opentype/malayalam/Chilanka-Regular.otf", "truetype/tlwg/Sawasdee.ttf",
+)  # fmt: skip
+SCRIPT_FIT_FONTS = (  # Thai (Loma, Kinnari), Korean (Un fonts, Nanum Myeongjo), Ethiopic, Devanagari, Arabic (Amiri)
+    "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
+    "truetype/unfonts-core/UnDotum.ttf", "truetype/nanum/NanumMyeongjo.ttf",
+    "truetype/abyssinica/AbyssinicaSIL-Regular.ttf", "truetype/lohit-devanagari/Lohit-Devanagari.ttf",
+    "opentype/fonts-hosny-amiri/Amiri-Regular.ttf",
 )  # fmt: skip
 VALIDATION_FONTS = (  # fonts-liberation
     "truetype/liberation/LiberationSans-Regular.ttf",
@@ -80,20 +98,20 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
     "truetype/tomsontalks/TomsonTalks.ttf",
     "opentype/urw-base35/Z003-MediumItalic.otf",
 )
-TEST_FONTS = (  # typefaces no other role uses; the last six are handwriting-like (pen, brush, school hands)
-    "truetype/roboto/unhinted/RobotoTTF/Roboto-Regular.ttf", "truetype/quicksand/Quicksand-Regular.ttf",
-    "opentype/league-spartan/LeagueSpartan-Regular.otf", "truetype/vollkorn/Vollkorn-Regular.ttf",
-    "truetype/fonts-oldstandard/OldStandard-Regular.ttf", "truetype/charis/CharisSIL-Regular.ttf",
-    "opentype/sortsmill/GoudyBookletter1911.otf", "truetype/tuffy/Tuffy.ttf", "fonts-go/Go-Regular.ttf",
-    "opentype/opendyslexic/OpenDyslexic-Regular.otf", "truetype/seto/setofont.ttf", "truetype/nanum/NanumPen.ttf",
-    "truetype/nanum/NanumBrush.ttf", "opentype/lobstertwo/LobsterTwo-Regular.otf",
-    "opentype/malayalam/Chilanka-Regular.otf", "truetype/tlwg/Sawasdee.ttf",
+TEST_FONTS = (  # typefaces no other role uses; the last five are handwriting-like (script, marker, pen)
+    "opentype/stix/STIXGeneral-Regular.otf", "truetype/cmu/cmunrm.ttf", "truetype/cmu/cmunti.ttf",
+    "truetype/firacode/FiraCode-Regular.ttf", "truetype/manrope/Manrope-Regular.ttf",
+    "truetype/tiresias/tiresias_infofont.ttf", "truetype/mononoki/mononoki-Regular.ttf",
+    "truetype/beteckna/Beteckna.ttf", "truetype/staypuft/StayPuft.ttf", "opentype/junicode/JunicodeTwoBeta-Regular.otf",
+    "truetype/fonts-yrsa-rasa/Yrsa-Regular.ttf", "truetype/isabella/Isabella.ttf",
+    "truetype/blankenburg/Blankenburg_UNZ1A.ttf", "truetype/leckerli-one/LeckerliOne-Regular.ttf",
+    "opentype/havana/Havana-Regular.otf", "truetype/yusei-magic/YuseiMagic-Regular.ttf",
+    "truetype/sjfonts/Delphine.ttf", "truetype/sjfonts/SteveHand.ttf",
 )  # fmt: skip
-SCRIPT_FONTS = (  # Thai (Loma, Kinnari), Korean (Un fonts, Nanum Myeongjo), Ethiopic, Devanagari, Arabic (Amiri)
-    "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
-    "truetype/unfonts-core/UnDotum.ttf", "truetype/nanum/NanumMyeongjo.ttf",
-    "truetype/abyssinica/AbyssinicaSIL-Regular.ttf", "truetype/lohit-devanagari/Lohit-Devanagari.ttf",
-    "opentype/fonts-hosny-amiri/Amiri-Regular.ttf",
+SCRIPT_FONTS = (  # Bengali and Tamil (Lohit), Khmer (Khmer OS), Chinese (WenQuanYi Zen Hei, AR PL UKai)
+    "truetype/lohit-bengali/Lohit-Bengali.ttf", "truetype/lohit-tamil/Lohit-Tamil.ttf",
+    "truetype/khmeros/KhmerOS.ttf", "truetype/khmeros/KhmerOSbattambang.ttf", "truetype/wqy/wqy-zenhei.ttc",
+    "truetype/arphic/ukai.ttc",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -126,6 +144,13 @@ FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name i
     "nanum": "fonts-nanum fonts-nanum-extra", "lobstertwo": "fonts-lobstertwo", "malayalam": "fonts-smc-chilanka",
     "unfonts-core": "fonts-unfonts-core", "abyssinica": "fonts-sil-abyssinica",
     "lohit-devanagari": "fonts-lohit-deva", "fonts-hosny-amiri": "fonts-hosny-amiri",
+    "stix": "fonts-stix", "cmu": "fonts-cmu", "firacode": "fonts-firacode", "manrope": "fonts-manrope",
+    "tiresias": "fonts-tiresias", "mononoki": "fonts-mononoki", "beteckna": "fonts-beteckna",
+    "staypuft": "fonts-staypuft", "junicode": "fonts-junicode", "fonts-yrsa-rasa": "fonts-yrsa-rasa",
+    "isabella": "fonts-isabella", "blankenburg": "fonts-blankenburg", "leckerli-one": "fonts-leckerli-one",
+    "havana": "fonts-havana", "yusei-magic": "fonts-yusei-magic", "sjfonts": "fonts-sjfonts",
+    "lohit-bengali": "fonts-lohit-beng-bengali", "lohit-tamil": "fonts-lohit-taml", "khmeros": "fonts-khmeros",
+    "wqy": "fonts-wqy-zenhei", "arphic": "fonts-arphic-ukai",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -290,6 +315,13 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "block_noise": shapes.block_noise,
     "lit_pages": shapes.lit_pages,
     "sensor_noise": shapes.sensor_noise,
+    "nib_strokes": shapes.nib_strokes,
+    "knots": shapes.knots,
+    "weaves": shapes.weaves,
+    "scan_noise": shapes.scan_noise,
+    "vignettes": shapes.vignettes,
+    "stains": shapes.stains,
+    "script_letters": _fonts_set(SCRIPTS_MORE, SCRIPT_FIT_FONTS, "varied"),
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
@@ -305,12 +337,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": shapes.nib_strokes,
-    "scribbles": shapes.knots,
-    "textures": shapes.weaves,
-    "noise": shapes.scan_noise,
-    "blank": shapes.vignettes,
-    "near_blank": shapes.stains,
+    "strokes": shapes.marks,
+    "scribbles": shapes.sketches,
+    "textures": shapes.tilings,
+    "noise": shapes.codec_noise,
+    "blank": shapes.paper,
+    "near_blank": shapes.notebook,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

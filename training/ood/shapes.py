@@ -7,6 +7,9 @@ set draws: other shapes, other noise, other pages.
 
 from __future__ import annotations
 
+import io
+from itertools import pairwise
+
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
@@ -418,3 +421,163 @@ def stains(rng: np.random.Generator) -> np.ndarray:
 def _rescaled(field: np.ndarray) -> np.ndarray:
     span = field.max() - field.min()
     return (field - field.min()) / span if span > 0 else np.zeros_like(field)
+
+
+# The test sets' generators: nothing else draws these.
+
+
+def _wobbly(points: np.ndarray, rng: np.random.Generator, jitter: float) -> list[tuple[float, float]]:
+    """A polyline through `points` resampled every 3 pixels and displaced by smoothed noise, as a hand draws it."""
+    steps = [np.linspace(a, b, max(2, int(np.hypot(*(b - a)) / 3)), endpoint=False) for a, b in pairwise(points)]
+    path = np.concatenate([*steps, points[-1:]])
+    noise = np.cumsum(rng.normal(0, jitter, path.shape), axis=0)
+    noise -= np.linspace(noise[0], noise[-1], len(path))  # the ends stay where they were
+    return [tuple(p) for p in path + noise]
+
+
+def _turned(lines: list[np.ndarray], angle: float, size: float, centre: np.ndarray) -> list[np.ndarray]:
+    rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    return [line @ rotation.T * size + centre for line in lines]
+
+
+def marks(rng: np.random.Generator) -> np.ndarray:
+    """One or two marks a reviewer makes with a wobbly pen, 4-10 pixels wide on a 112 canvas: a tick, a cross, an
+    arrow (one or two heads), an asterisk of three or four lines, or a double chevron."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    for _ in range(rng.integers(1, 3)):
+        kind = rng.integers(5)
+        if kind == 0:
+            lines = [np.array([[-0.6, 0.0], [-0.1, 0.6], [0.9, -0.8]])]
+        elif kind == 1:
+            lines = [np.array([[-1.0, -1.0], [1.0, 1.0]]), np.array([[1.0, -1.0], [-1.0, 1.0]])]
+        elif kind == 2:
+            head = np.array([[0.5, -0.45], [1.0, 0.0], [0.5, 0.45]])
+            lines = [np.array([[-1.0, 0.0], [1.0, 0.0]]), head] + ([-head] if rng.integers(2) else [])
+        elif kind == 3:
+            turns = np.pi * np.arange(n := int(rng.integers(3, 5))) / n
+            lines = [np.array([[-np.cos(a), -np.sin(a)], [np.cos(a), np.sin(a)]]) for a in turns]
+        else:
+            lines = [np.array([[x - 0.5, -0.8], [x + 0.3, 0.0], [x - 0.5, 0.8]]) for x in (-0.4, 0.4)]
+        width = int(rng.integers(4, 11))
+        for line in _turned(lines, rng.uniform(0, 2 * np.pi), rng.uniform(18, 40), rng.uniform(35, CANVAS - 35, 2)):
+            draw.line(_wobbly(line, rng, 0.5), fill=255, width=width, joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def _outline(kind: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The lines of a simple sketch in a unit box: a house, a stick figure, a sun, a tree, a five-pointed star, a
+    heart, a cloud or a fish."""
+    t = np.linspace(0, 2 * np.pi, 40)
+    ring = np.stack([np.cos(t), np.sin(t)], axis=1)
+    if kind == 0:  # house: walls and a roof, a door
+        walls = np.array([[-0.7, 0.9], [-0.7, 0.0], [0.7, 0.0], [0.7, 0.9], [-0.7, 0.9]])
+        door = np.array([[-0.15, 0.9], [-0.15, 0.45], [0.2, 0.45], [0.2, 0.9]])
+        return [walls, np.array([[-0.9, 0.05], [0.0, -0.8], [0.9, 0.05]]), door]
+    if kind == 1:  # stick figure
+        arms, legs = (
+            np.array([[-0.55, -0.2], [0, -0.05], [0.55, -0.2]]),
+            np.array([[-0.45, 0.95], [0, 0.35], [0.45, 0.95]]),
+        )
+        return [ring * 0.22 + [0, -0.7], np.array([[0, -0.48], [0, 0.35]]), arms, legs]
+    if kind == 2:  # sun: a disc's outline and its rays
+        turns = np.linspace(0, 2 * np.pi, int(rng.integers(6, 11)), endpoint=False)
+        rays = [np.array([[0.5 * np.cos(a), 0.5 * np.sin(a)], [0.95 * np.cos(a), 0.95 * np.sin(a)]]) for a in turns]
+        return [ring * 0.38, *rays]
+    if kind == 3:  # tree: a trunk and a crown of three bumps
+        crown = np.concatenate([ring[5:36] * 0.35 + c for c in ([-0.4, -0.1], [0, -0.55], [0.4, -0.1])])
+        return [np.array([[-0.1, 0.95], [-0.1, 0.2]]), np.array([[0.1, 0.95], [0.1, 0.2]]), crown]
+    if kind == 4:  # five-pointed star
+        a = -np.pi / 2 + np.arange(11) * np.pi / 5
+        r = np.where(np.arange(11) % 2 == 0, 0.95, 0.4)
+        return [np.stack([r * np.cos(a), r * np.sin(a)], axis=1)]
+    if kind == 5:  # heart
+        x = 16 * np.sin(t) ** 3
+        y = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t))
+        return [np.stack([x, y], axis=1) / 17]
+    if kind == 6:  # cloud: a row of bumps over a flat base
+        bumps = [ring[20:41] * r + [c, 0.2] for c, r in ((-0.6, 0.3), (-0.15, 0.45), (0.4, 0.4), (0.75, 0.2))]
+        return [np.concatenate([*bumps, [[-0.9, 0.2]]]), np.array([[-0.9, 0.2], [0.95, 0.2]])]
+    body = np.stack([0.7 * np.cos(t), 0.4 * np.sin(t)], axis=1)  # fish: a body, a tail and an eye
+    return [body, np.array([[0.7, 0.0], [1.0, -0.35], [1.0, 0.35], [0.7, 0.0]]), ring[::4] * 0.05 + [-0.4, -0.1]]
+
+
+def sketches(rng: np.random.Generator) -> np.ndarray:
+    """A quick sketch of a thing: a house, a stick figure, a sun, a tree, a star, a heart, a cloud or a fish, drawn
+    with a wobbly pen 3-7 pixels wide, turned by up to 20 degrees, on a 112 canvas."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    size, centre = rng.uniform(30, 48), rng.uniform(50, CANVAS - 50, 2)
+    lines = _turned(_outline(int(rng.integers(8)), rng), rng.uniform(-0.35, 0.35), size, centre)
+    width = int(rng.integers(3, 8))
+    for line in lines:
+        draw.line(_wobbly(line, rng, 0.3), fill=255, width=width, joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def tilings(rng: np.random.Generator) -> np.ndarray:
+    """A tiled surface, 64 pixels a side: Truchet tiles (quarter circles turned at random), a maze of random
+    diagonals, a moiré of two fine gratings, or fish scales (rows of overlapping arcs)."""
+    y, x = np.mgrid[0:FIELD, 0:FIELD].astype(np.float64)
+    kind, cell = rng.integers(4), rng.uniform(8, 16)
+    i, j = np.floor(y / cell).astype(int), np.floor(x / cell).astype(int)
+    u, v = (x % cell) / cell, (y % cell) / cell
+    flip = rng.integers(0, 2, (i.max() + 1, j.max() + 1))[i, j] == 1
+    if kind == 0:
+        u = np.where(flip, 1 - u, u)
+        near = np.minimum(np.abs(np.hypot(u, v) - 0.5), np.abs(np.hypot(1 - u, 1 - v) - 0.5))
+        return (near < 0.1).astype(np.float64)
+    if kind == 1:
+        return (np.abs(np.where(flip, u - v, u + v - 1)) < 0.12).astype(np.float64)
+    if kind == 2:
+        a, b = rng.uniform(0, np.pi), rng.uniform(0.05, 0.2)
+        period = rng.uniform(2.5, 4)
+        first = np.sin(2 * np.pi * (x * np.cos(a) + y * np.sin(a)) / period)
+        second = np.sin(2 * np.pi * (x * np.cos(a + b) + y * np.sin(a + b)) / (period * rng.uniform(0.95, 1.05)))
+        return (1 + first) * (1 + second) / 4
+    shifted = (x + (i % 2) * cell / 2) % cell / cell
+    return (np.abs(np.hypot(shifted - 0.5, v) - 0.5) < 0.08).astype(np.float64)
+
+
+def codec_noise(rng: np.random.Generator) -> np.ndarray:
+    """Noise of kinds no other set draws, 32 to 128 pixels a side: uniform noise after JPEG compression at quality
+    2 to 10, interlaced video noise (odd rows shifted against even ones), or speckle (a gray multiplied by
+    exponential noise, as in ultrasound and radar)."""
+    side = int(rng.integers(32, 129))
+    kind = rng.integers(3)
+    if kind == 0:
+        buffer = io.BytesIO()
+        noise = Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8))
+        noise.save(buffer, "JPEG", quality=int(rng.integers(2, 11)))
+        return np.asarray(Image.open(buffer), np.float64) / 255.0
+    if kind == 1:
+        field = np.asarray(
+            Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(3)),
+            np.float64,
+        )
+        field[1::2] = np.roll(field[1::2], int(rng.integers(2, 7)), axis=1)
+        return _rescaled(field)
+    return np.clip(rng.uniform(0.2, 0.6) * rng.exponential(1.0, (side, side)), 0, 1)
+
+
+def paper(rng: np.random.Generator) -> np.ndarray:
+    """A blank sheet of paper with its fibres: smooth grain of at most 3 of 255 gray levels on a page of random
+    size (24 to 160 pixels)."""
+    h, w = (int(v) for v in rng.integers(24, 161, 2))
+    grain = Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(1.5))
+    return np.clip(rng.uniform(0.05, 0.95) + _rescaled(np.asarray(grain, np.float64)) * rng.uniform(0, 3 / 255), 0, 1)
+
+
+def notebook(rng: np.random.Generator) -> np.ndarray:
+    """An empty page of a notebook (60 to 140 pixels a side): faint ruled lines 6 to 12 pixels apart at 4 to 20% of
+    full contrast, sometimes a margin line or the grid of squared paper."""
+    h, w = (int(v) for v in rng.integers(60, 141, 2))
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    gap, contrast = rng.uniform(6, 12), rng.uniform(0.04, 0.2)
+    page = ((y % gap) < 1).astype(np.float64)
+    extra = rng.integers(3)
+    if extra == 1:  # a margin
+        page = np.maximum(page, (np.abs(x - w * 0.15) < 1).astype(np.float64))
+    elif extra == 2:  # squared paper
+        page = np.maximum(page, ((x % gap) < 1).astype(np.float64))
+    return page * contrast

@@ -96,7 +96,7 @@ def test_a_step_adds_the_weighted_absent_loss_of_half_a_batch_of_non_digits(synt
 
 
 def test_training_with_exposure_shortens_the_non_digits_capsules(synthetic_mnist: Path, tmp_path: Path) -> None:
-    run = trainer(synthetic_mnist, tmp_path / "run", epochs=3, lr=0.01, exposure_weight=4.0)
+    run = trainer(synthetic_mnist, tmp_path / "run", epochs=3, lr=0.001, exposure_weight=4.0)
     pool = train.to_float_t(run.task.pool)
 
     def longest() -> float:

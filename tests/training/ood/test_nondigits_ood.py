@@ -44,7 +44,7 @@ def test_sets_are_seeded_and_deterministic(name: str) -> None:
     assert a.shape == (6, 1, 28, 28) and a.dtype == np.float32
     assert a.min() >= 0.0 and a.max() <= 1.0
     np.testing.assert_array_equal(a, make_set(name, 6, seed=3))
-    if name not in ("blank", "pages", "lit_pages"):  # blank pages of any gray all become zeros
+    if name not in ("blank", "pages", "lit_pages", "vignettes"):  # blank pages of any gray all become zeros
         assert not np.array_equal(a, make_set(name, 6, seed=4))
 
 
@@ -165,13 +165,14 @@ def test_a_font_without_a_glyph_is_not_drawn_with_it() -> None:
 
 def test_the_reported_sets_share_no_font_character_or_generator_with_any_other_role() -> None:
     """The test sets are held out by construction: another role using one of their fonts or generators fails here."""
-    others = {*nondigits.FIT_FONTS, *nondigits.VALIDATION_FONTS, *nondigits.VALIDATION_HANDWRITING,
-              *nondigits.CONFIRMATION_FONTS, *nondigits.CONFIRMATION_HANDWRITING}  # fmt: skip
+    others = {*nondigits.FIT_FONTS, *nondigits.SCRIPT_FIT_FONTS, *nondigits.VALIDATION_FONTS,
+              *nondigits.VALIDATION_HANDWRITING, *nondigits.CONFIRMATION_FONTS,
+              *nondigits.CONFIRMATION_HANDWRITING}  # fmt: skip
     assert not (set(nondigits.TEST_FONTS) | set(nondigits.SCRIPT_FONTS)) & others
     assert not set(nondigits.CONFIRMATION_FONTS + nondigits.CONFIRMATION_HANDWRITING) & (
         set(nondigits.FIT_FONTS) | set(nondigits.VALIDATION_FONTS) | set(nondigits.VALIDATION_HANDWRITING)
     )
-    assert not set(nondigits.SCRIPTS) & set(nondigits.SCRIPTS_FIT)
+    assert not set(nondigits.SCRIPTS) & set(nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE)
     shape_sets = [v for v in nondigits.TEST_SETS.values() if getattr(v, "__module__", "") == shapes.__name__]
     assert len(shape_sets) == 6
     for role in ("fit", "validation", "confirmation"):
@@ -179,9 +180,15 @@ def test_the_reported_sets_share_no_font_character_or_generator_with_any_other_r
 
 
 def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
-    twins = set("OIlSZBGosbgqzιϑθбчЧБвоОзЗוןlιรวงอฮธลจዐገረरटठडढदاوهمعغرزدذ")
-    digits = set("٠١٢٣٤٥٦٧٨٩۰۱۲۳۴۵۶۷۸۹๐๑๒๓๔๕๖๗๘๙०१२३४५६७८९፩፪፫፬፭፮፯፰፱")  # Arabic, Persian, Thai, Devanagari, Ethiopic
-    drawn = nondigits.LETTERS + nondigits.SCRIPTS + nondigits.SCRIPTS_FIT + nondigits.SYMBOLS
+    twins = set(
+        "OIlSZBGosbgqzιϑθбчЧБвоОзЗוןlιรวงอฮธลจዐገረरटठडढदاوهمعغرزدذ"
+        "ইঈউঊঋএঐওঔঙঠডঢণতবর" "கஉஊஙசஎஏஒஓர" "ខចទនរវ" "一二三十"  # Bengali, Tamil, Khmer, CJK
+    )  # fmt: skip
+    digits = set(
+        "٠١٢٣٤٥٦٧٨٩۰۱۲۳۴۵۶۷۸۹๐๑๒๓๔๕๖๗๘๙०१२३४५६७८९፩፪፫፬፭፮፯፰፱"  # Arabic, Persian, Thai, Devanagari, Ethiopic
+        "০১২৩৪৫৬৭৮৯௦௧௨௩௪௫௬௭௮௯០១២៣៤៥៦៧៨៩"  # Bengali, Tamil, Khmer
+    )  # fmt: skip
+    drawn = nondigits.LETTERS + nondigits.SCRIPTS + nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE + nondigits.SYMBOLS
     assert not (twins | digits) & set(drawn)
 
 
@@ -189,7 +196,8 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
     "draw",
     [shapes.pen_strokes, shapes.doodles, shapes.cells, shapes.field_noise, shapes.dust, shapes.brush_strokes,
      shapes.spirographs, shapes.masonry, shapes.block_noise, shapes.sensor_noise, shapes.nib_strokes, shapes.knots,
-     shapes.weaves, shapes.scan_noise, shapes.stains],
+     shapes.weaves, shapes.scan_noise, shapes.stains, shapes.marks, shapes.sketches, shapes.tilings, shapes.codec_noise,
+     shapes.notebook],
 )  # fmt: skip
 def test_the_test_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
     for seed in range(20):
@@ -204,7 +212,8 @@ def test_blank_pages_of_any_size_become_all_zeros() -> None:
 
 
 @pytest.mark.parametrize(("draw", "name", "role"), [(shapes.lit_pages, "lit_pages", "fit"),
-                                                    (shapes.vignettes, "blank", "test")])  # fmt: skip
+                                                    (shapes.vignettes, "vignettes", "fit"),
+                                                    (shapes.paper, "blank", "test")])  # fmt: skip
 def test_unevenly_lit_blank_pages_become_all_zeros(
     draw: Callable[[np.random.Generator], np.ndarray], name: str, role: str
 ) -> None:
@@ -218,7 +227,7 @@ def test_unevenly_lit_blank_pages_become_all_zeros(
 
 def test_every_font_of_every_role_names_its_debian_package() -> None:
     fonts = [*nondigits.FIT_FONTS, *nondigits.VALIDATION_FONTS, *nondigits.VALIDATION_HANDWRITING,
-             *nondigits.TEST_FONTS, *nondigits.SCRIPT_FONTS, *nondigits.CONFIRMATION_FONTS,
+             *nondigits.TEST_FONTS, *nondigits.SCRIPT_FONTS, *nondigits.SCRIPT_FIT_FONTS, *nondigits.CONFIRMATION_FONTS,
              *nondigits.CONFIRMATION_HANDWRITING]  # fmt: skip
     assert [f for f in fonts if nondigits.package_of(f) == "?"] == []
     assert nondigits.package_of("truetype/tlwg/Loma.ttf") == "fonts-tlwg-loma-ttf"
