@@ -29,6 +29,7 @@ from training.fitting.checkpoint import load_checkpoint
 from training.fitting.config import TrainConfig
 from training.fitting.device import keep_freed_memory, resolve_device
 from training.fitting.evaluate import evaluate_torch
+from training.fitting.exposure import SHARE, exposure_pool
 from training.fitting.history import evaluated
 from training.fitting.loop import EXIT_UNFINISHED, Autocast, DistInfo, Step, Trainer, init_distributed, on_terminal
 from training.options import add_data_dir, add_device
@@ -193,6 +194,62 @@ class ClassificationTask:
             self.shifts.set_state(state["shifts"])
 
 
+def take(out: Any, n: int, start: int = 0) -> Any:
+    """Rows start..start+n of every tensor of a model's output tuple (CapsNetOutput, EMCapsNetOutput)."""
+    return type(out)(*(t[start : start + n] for t in out))
+
+
+class ExposureTask(ClassificationTask):
+    """ClassificationTask whose every step also trains half a batch of non-digits to have no class present."""
+
+    def __init__(
+        self, cfg: TrainConfig, arch: Architecture, data: ClassificationData, device: torch.device, info: DistInfo
+    ) -> None:
+        if arch.absent is None:
+            raise ValueError(
+                f"--exposure needs an architecture whose scores can say that no class is present (dynamic or em), "
+                f"not {arch.name!r}"
+            )
+        if cfg.exposure < 1:
+            raise ValueError(f"--exposure must be at least 1 non-digit image, got {cfg.exposure}")
+        super().__init__(cfg, arch, data, device, info)
+        if info.is_main:
+            log.info("drawing %s non-digit images for outlier exposure", f"{cfg.exposure:,}")
+        self.pool = torch.from_numpy(exposure_pool(cfg.exposure, cfg.seed, data.train))
+        self.draws = torch.Generator()
+
+    def batches(self, epoch: int) -> list[torch.Tensor]:
+        self.draws.manual_seed(self.cfg.seed * 100_019 + epoch * 103 + self.info.rank)
+        return super().batches(epoch)
+
+    def step(self, model: nn.Module, batch: torch.Tensor, progress: float, autocast: Autocast) -> Step:
+        """One forward over the digits and the non-digits together (DDP sees one forward per step); the digits'
+        loss from their rows, the non-digits' "no class present" loss from theirs."""
+        n = len(batch)
+        picks = torch.randint(len(self.pool), (max(1, round(n * SHARE)),), generator=self.draws)
+        digits = to_float_t(self.train_images[batch])
+        others = to_float_t(self.pool[picks])
+        images = random_shift(torch.cat([digits, others]), self.cfg.max_shift, self.shifts).to(self.device)
+        labels = self.train_labels[batch].to(self.device)
+        decoder_labels = torch.cat([labels, torch.zeros(len(picks), dtype=labels.dtype, device=self.device)])
+        with autocast():
+            out = self.arch.forward(model, images, decoder_labels)  # the non-digits' reconstructions go unused
+        mine = take(out, n)
+        loss = self.arch.loss(mine, images[:n], labels, 1.0 if self.warm_start else progress)
+        absent = self.arch.absent(take(out, len(picks), n))  # type: ignore[misc]  # checked in __init__
+        correct = int((self.arch.scores(mine).argmax(dim=1) == labels).sum())
+        parts = {**{k: v.detach() for k, v in loss.parts.items()}, "absent_loss": absent.detach()}
+        return Step(loss.total + self.cfg.exposure_weight * absent, parts, n, correct)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "draws": self.draws.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "draws" in state:
+            self.draws.set_state(state["draws"])
+
+
 TaskFactory = Callable[[TrainConfig, Architecture, ClassificationData, torch.device, DistInfo], ClassificationTask]
 
 
@@ -216,8 +273,6 @@ def mnist_trainer(
     if cfg.exposure:
         if make_task is not ClassificationTask:
             raise ValueError("outlier exposure (--exposure) trains plain MNIST classification only")
-        from training.fitting.exposure import ExposureTask  # it builds on this module
-
         make_task = ExposureTask
     info = init_distributed(cfg.device)
     device = resolve_device(cfg.device)

@@ -59,6 +59,9 @@ EM_MISSING = "\n".join(
 CURVES = REPO_ROOT / "docs" / "training"  # docs/training/<model name>/training_curve.png, written by capsnet-export
 
 
+MNIST_TEST = 10_000
+
+
 def training_summary(card: dict[str, Any]) -> dict[str, Any] | None:
     """What the card says about the run behind a model: preset, the epoch exported and why, error per epoch."""
     training = card.get("training")
@@ -76,10 +79,16 @@ def training_summary(card: dict[str, Any]) -> dict[str, Any] | None:
         "checkpoint": (training.get("checkpoint") or {}).get("file"),
         "init_from": training.get("init_from"),
         "test_error_by_epoch": [h.get("test_error") for h in history],
+        "test_n": min((h["test_n"] for h in history if h.get("test_n")), default=None),
         "val_error_by_epoch": [h.get("val_error") for h in history] if any("val_error" in h for h in history) else None,
         "averaged": averaged_note(history),
         "curve": shown(curve) if curve.is_file() else None,
     }
+
+
+def tested_on(n: int | None) -> str:
+    """How many test digits the run's per-epoch errors counted, when not all of them."""
+    return f", on the first {n:,} test digits only" if n is not None and n < MNIST_TEST else ""
 
 
 def percents(errors: list[float | None]) -> str:
@@ -119,7 +128,7 @@ def render_training(ctx: Context, models: list[dict[str, Any]]) -> list[str]:
         out += [
             f"**{m['name']}** ({preset}{m.get('parameters') or 0:,} parameters{start}): epoch {t['epoch']}, "
             f"the epoch with {chosen} (`{t.get('checkpoint')}`). "
-            f"Test error by epoch (%): {percents(t['test_error_by_epoch'])}.",
+            f"Test error by epoch (%{tested_on(t.get('test_n'))}): {percents(t['test_error_by_epoch'])}.",
             "",
         ]
         if t["val_error_by_epoch"]:

@@ -245,9 +245,9 @@ def test_drawing_a_stroke_shows_a_prediction(tab: Tab, server: Server) -> None:
         ".getImageData(0, 0, 28, 28).data.filter((_, i) => i % 4 === 0))"
     )
     assert len(model_input) == 784 and max(model_input) > 200  # the stroke reached the model, white on black
-    if server.default.get("ood_calibrated"):  # the not-a-digit flag, and the three parts that weigh most, in words
-        reasons = page.locator("#ood-parts li")
-        assert reasons.count() == 3 and "training digits are as extreme" in (reasons.first.text_content() or "")
+    if server.default.get("ood_calibrated"):  # the not-a-digit flag, and the (up to) three parts that weigh most
+        reasons = page.locator("#ood-parts li")  # as many as the card's score has, at most three
+        assert 1 <= reasons.count() <= 3 and "training digits are as extreme" in (reasons.first.text_content() or "")
     assert page.locator("#error").is_hidden()
     screenshot(page, "explorer-drawn.png")
     tab.check_clean()

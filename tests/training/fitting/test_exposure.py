@@ -78,7 +78,7 @@ def trainer(synthetic_mnist: Path, out: Path | None, **cfg: Any) -> Any:
 def test_a_step_adds_the_weighted_absent_loss_of_half_a_batch_of_non_digits(synthetic_mnist: Path) -> None:
     run = trainer(synthetic_mnist, None)
     task = run.task
-    assert isinstance(task, exposure.ExposureTask) and len(task.pool) == N_POOL
+    assert isinstance(task, train.ExposureTask) and len(task.pool) == N_POOL
     batch = task.batches(0)[0]
     seen: list[int] = []
     forward = task.arch.forward

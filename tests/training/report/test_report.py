@@ -598,6 +598,7 @@ def test_mnist_section_shows_how_each_bundled_model_was_trained(tmp_path: Path) 
     summary = mnist_models.training_summary(card)
     assert summary is not None
     assert summary["test_error_by_epoch"] == [0.0699, 0.014, 0.0106] and summary["val_error_by_epoch"][1] == 0.0138
+    assert mnist_models.tested_on(64) == ", on the first 64 test digits only" and mnist_models.tested_on(10_000) == ""
     assert summary["curve"] == "docs/training/capsnet-em-mnist/training_curve.png"  # the bundled model's, committed
     assert mnist_models.training_summary({"name": "x"}) is None  # a card without its run: no paragraph
     int8 = {**card, "name": "capsnet-em-mnist-int8", "quantization": {"method": "percentile"}, "parent": {"name": "p"}}
