@@ -160,10 +160,12 @@ def _dynamic_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
     )
 
 
-def _dynamic_absent(out: Any) -> torch.Tensor:
-    """Margin loss with no class present: every capsule shorter than m- = 0.1 (eq. 4 with all T_k = 0)."""
-    lengths = out.lengths.float()
-    return margin_loss_multi(lengths, torch.zeros_like(lengths))
+def _no_class_present(scores: torch.Tensor) -> torch.Tensor:
+    """Margin loss with no class present (eq. 4 with all T_k = 0): every capsule length, or EM activation, below
+    m- = 0.1. A digit's own EM activation ends at least the spread margin, 0.9, above the others', so the two stay
+    apart."""
+    scores = scores.float()
+    return margin_loss_multi(scores, torch.zeros_like(scores))
 
 
 def _em_config(preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -182,13 +184,6 @@ def _em_loss(out: Any, images: torch.Tensor, labels: torch.Tensor, progress: flo
     margin = spread_margin(progress)  # 0.2 -> 0.9 over the first half of training, then held (docs/em-routing.md)
     loss = spread_loss(out.activations.float(), labels, margin)
     return LossParts(loss, {"spread_loss": loss, "spread_margin": torch.tensor(margin)})
-
-
-def _em_absent(out: Any) -> torch.Tensor:
-    """No class present: every activation below 0.1, the form of the margin loss's absent term. A digit's own
-    activation ends at least the spread margin, 0.9, above the others', so the two stay apart."""
-    activations = out.activations.float()
-    return margin_loss_multi(activations, torch.zeros_like(activations))
 
 
 def _em_export(model: nn.Module, config: dict[str, Any]) -> ExportSpec:
@@ -241,7 +236,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         scores=lambda out: out.lengths,
         forward=lambda model, images, labels: model(images, labels),
         export=_dynamic_export,
-        absent=_dynamic_absent,
+        absent=lambda out: _no_class_present(out.lengths),
     ),
     "em": Architecture(
         name="em",
@@ -252,7 +247,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         forward=lambda model, images, labels: model(images, labels),
         export=_em_export,
         default_lr=EM_LEARNING_RATE,
-        absent=_em_absent,
+        absent=lambda out: _no_class_present(out.activations),
     ),
     "baseline": Architecture(
         name="baseline",

@@ -164,9 +164,13 @@ class ClassificationTask:
         labels = self.train_labels[batch].to(self.device)
         with autocast():
             out = self.arch.forward(model, images, labels)
-        loss = self.arch.loss(out, images, labels, 1.0 if self.warm_start else progress)
+        loss = self.arch.loss(out, images, labels, self.loss_progress(progress))
         correct = int((self.arch.scores(out).argmax(dim=1) == labels).sum())
         return Step(loss.total, {k: v.detach() for k, v in loss.parts.items()}, len(batch), correct)
+
+    def loss_progress(self, progress: float) -> float:
+        """The training progress the loss sees: done (1.0) for a warm start, whose model went through any ramp."""
+        return 1.0 if self.warm_start else progress
 
     def evaluate(self, model: nn.Module, max_batches: int | None) -> dict[str, Any]:
         """Loss and error on the test set, and on the held-out training images where there are some (a progress
@@ -235,7 +239,7 @@ class ExposureTask(ClassificationTask):
         with autocast():
             out = self.arch.forward(model, images, decoder_labels)  # the non-digits' reconstructions go unused
         mine = take(out, n)
-        loss = self.arch.loss(mine, images[:n], labels, 1.0 if self.warm_start else progress)
+        loss = self.arch.loss(mine, images[:n], labels, self.loss_progress(progress))
         absent = self.arch.absent(take(out, len(picks), n))  # type: ignore[misc]  # checked in __init__
         correct = int((self.arch.scores(mine).argmax(dim=1) == labels).sum())
         parts = {**{k: v.detach() for k, v in loss.parts.items()}, "absent_loss": absent.detach()}
