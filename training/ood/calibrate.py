@@ -82,12 +82,16 @@ def validation_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Model `{report['model']}`: validation only, chosen {report['chosen']!r} (the test sets were not scored).",
         "",
-        "| candidate | digits accepted | " + " | ".join(names) + " |",
-        "|---|---:|" + "---:|" * len(names),
+        "| candidate | digits accepted | accuracy on the accepted | " + " | ".join(names) + " |",
+        "|---|---:|---:|" + "---:|" * len(names),
     ]
-    for label, row in candidates.items():
+    rows = [(label, row) for label, row in candidates.items()]
+    if "previous" in report["validation"]:
+        rows.append(("previous score", report["validation"]["previous"]))
+    for label, row in rows:
         shares = " | ".join(f"{row['sets'][n]['rejected']:.1%} ({row['sets'][n]['auroc']:.3f})" for n in names)
-        lines.append(f"| {label} | {row['digits']['accepted']:.2%} | {shares} |")
+        digits = row["digits"]
+        lines.append(f"| {label} | {digits['accepted']:.2%} | {_share(digits['accuracy_accepted'])} | {shares} |")
     return "\n".join(lines)
 
 

@@ -4,7 +4,7 @@ Every image is drawn on its own canvas and passed through the service's preproce
 exactly as an upload would be. Each role has its own fonts and generators: `NONDIGIT_SETS` fit the pattern network
 (role `network`, another stream) and the combiner, and a CapsNet trains on them as "no digit" (role `exposure`,
 another stream: `capsnet-train --exposure`); `VALIDATION_SETS` choose the detector; `TEST_SETS` are reported
-once and share no font, generator or letter of another script with any other role (the shapes of `training.ood.shapes`);
+once and share no font, generator or letter of another script with any other role (the shapes of `training.ood.unseen`);
 `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`). docs/not-a-digit.md lists them. Glyph
 twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav; Thai ro and o ang; Arabic
 waw, ha and mim; Devanagari ra and da, ...) are in no set, and a
@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from service.contract import preprocess
-from training.ood import shapes
+from training.ood import shapes, unseen
 from training.ood.shapes import CANVAS, elastic
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
@@ -39,13 +39,15 @@ SYMBOLS = "+−×÷=%#@&*?<>~^"  # no bars, slashes or brackets: after cropping 
 SCRIPTS_FIT = (  # Greek, Cyrillic and Hebrew letters; no digit twins
     "ξζηκνρστυГИЙКУЦЭгийкуцэשאמצםαβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпגדהכלנעפקרת"
 )
-SCRIPTS_MORE = (  # Thai, Hangul syllables, Ethiopic, Devanagari and Arabic letters, fitting only; no digit twins
+SCRIPTS_MORE = (  # Thai, Hangul, Ethiopic, Devanagari, Arabic, Bengali, Tamil, Khmer, CJK: fitting only; no twins
     "กขคฆฉชซญฎฏฐฑฒณดตถทนบปผฝพฟภมยศษสหฬ" "한글국어말사람나무하늘바다강산별달꽃"
     "ሀለሐመሠሰሸቀበተቸኀነኘአከኸወዘዠየደጀጠጨጰጸፀፈፐ" "कखगघङचछजझञणतथधनपफबभमयलवशषसह" "بتثجحخسشصضطظفقكلني"
-)  # fmt: skip
-SCRIPTS = (  # Bengali, Tamil and Khmer letters and CJK ideographs the fitting never draws; no digit twins
     "অআকখগঘচছজঝঞটথদধনপফভমযলশষসহ" "அஆஇஈஐஞடணதநபமயலவழளறன" "កគឃងឆជឈញដឋណតថធបផពភមយលសហឡអ"
     "漢字語書読電鳥森林学校海空雪風花草島館様識議護響驚龍鬱門問間黒線"
+)  # fmt: skip
+SCRIPTS = (  # Armenian, Georgian and Gujarati letters the fitting never draws; no digit twins
+    "ԱԲԴԵԷԸԹԺԻԼԽԿՀՂՃՄՆՇՈՊՌՍՎՐՒՓՔաբդեէըթժիխկհղմյնոպռսվտրփք" "ადეთიკლოჟრსტუფქღყჩცძჭხჯ"
+    "અઆઇઈઋઍકખગછજઝઞણતથદધનફબભમલળશષસહ"
 )  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
 FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 25 families more (6 handwriting-like)
@@ -80,12 +82,24 @@ FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 25 
     "opentype/opendyslexic/OpenDyslexic-Regular.otf", "truetype/seto/setofont.ttf", "truetype/nanum/NanumPen.ttf",
     "truetype/nanum/NanumBrush.ttf", "opentype/lobstertwo/LobsterTwo-Regular.otf",
     "opentype/malayalam/Chilanka-Regular.otf", "truetype/tlwg/Sawasdee.ttf",
+
+    "opentype/stix/STIXGeneral-Regular.otf", "truetype/cmu/cmunrm.ttf", "truetype/cmu/cmunti.ttf",
+    "truetype/firacode/FiraCode-Regular.ttf", "truetype/manrope/Manrope-Regular.ttf",
+    "truetype/tiresias/tiresias_infofont.ttf", "truetype/mononoki/mononoki-Regular.ttf",
+    "truetype/beteckna/Beteckna.ttf", "truetype/staypuft/StayPuft.ttf", "opentype/junicode/JunicodeTwoBeta-Regular.otf",
+    "truetype/fonts-yrsa-rasa/Yrsa-Regular.ttf", "truetype/isabella/Isabella.ttf",
+    "truetype/blankenburg/Blankenburg_UNZ1A.ttf", "truetype/leckerli-one/LeckerliOne-Regular.ttf",
+    "opentype/havana/Havana-Regular.otf", "truetype/yusei-magic/YuseiMagic-Regular.ttf",
+    "truetype/sjfonts/Delphine.ttf", "truetype/sjfonts/SteveHand.ttf",
 )  # fmt: skip
-SCRIPT_FIT_FONTS = (  # Thai (Loma, Kinnari), Korean (Un fonts, Nanum Myeongjo), Ethiopic, Devanagari, Arabic (Amiri)
+SCRIPT_FIT_FONTS = (  # Thai, Korean, Ethiopic, Devanagari, Arabic; Bengali, Tamil, Khmer and Chinese
     "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
     "truetype/unfonts-core/UnDotum.ttf", "truetype/nanum/NanumMyeongjo.ttf",
     "truetype/abyssinica/AbyssinicaSIL-Regular.ttf", "truetype/lohit-devanagari/Lohit-Devanagari.ttf",
     "opentype/fonts-hosny-amiri/Amiri-Regular.ttf",
+    "truetype/lohit-bengali/Lohit-Bengali.ttf", "truetype/lohit-tamil/Lohit-Tamil.ttf",
+    "truetype/khmeros/KhmerOS.ttf", "truetype/khmeros/KhmerOSbattambang.ttf", "truetype/wqy/wqy-zenhei.ttc",
+    "truetype/arphic/ukai.ttc",
 )  # fmt: skip
 VALIDATION_FONTS = (  # fonts-liberation
     "truetype/liberation/LiberationSans-Regular.ttf",
@@ -98,20 +112,20 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
     "truetype/tomsontalks/TomsonTalks.ttf",
     "opentype/urw-base35/Z003-MediumItalic.otf",
 )
-TEST_FONTS = (  # typefaces no other role uses; the last five are handwriting-like (script, marker, pen)
-    "opentype/stix/STIXGeneral-Regular.otf", "truetype/cmu/cmunrm.ttf", "truetype/cmu/cmunti.ttf",
-    "truetype/firacode/FiraCode-Regular.ttf", "truetype/manrope/Manrope-Regular.ttf",
-    "truetype/tiresias/tiresias_infofont.ttf", "truetype/mononoki/mononoki-Regular.ttf",
-    "truetype/beteckna/Beteckna.ttf", "truetype/staypuft/StayPuft.ttf", "opentype/junicode/JunicodeTwoBeta-Regular.otf",
-    "truetype/fonts-yrsa-rasa/Yrsa-Regular.ttf", "truetype/isabella/Isabella.ttf",
-    "truetype/blankenburg/Blankenburg_UNZ1A.ttf", "truetype/leckerli-one/LeckerliOne-Regular.ttf",
-    "opentype/havana/Havana-Regular.otf", "truetype/yusei-magic/YuseiMagic-Regular.ttf",
-    "truetype/sjfonts/Delphine.ttf", "truetype/sjfonts/SteveHand.ttf",
+TEST_FONTS = (  # typefaces no other role uses; the last four are handwriting-like (a comic hand, a copperplate
+    # script, two pen hands)
+    "truetype/fonts-century-catalogue/Century-Catalogue.ttf", "opentype/fonts-prociono/Prociono.otf",
+    "truetype/fanwood/Fanwood.otf", "truetype/adf/AccanthisADFStd-Regular.otf", "truetype/okolaks/okolaksRegular.ttf",
+    "truetype/ocr-a/OCRA.ttf", "opentype/yanone-kaffeesatz/YanoneKaffeesatz-Regular.otf",
+    "opentype/junction/Junction.otf", "opentype/didot/GFSDidot.otf", "truetype/noto/NotoSerif-Regular.ttf",
+    "truetype/noto/NotoSerif-Italic.ttf", "opentype/fantasque-sans/LargeLineHeight/OTF/FantasqueSansMono-Regular.otf",
+    "opentype/levien/TypoScript.otf", "truetype/yozvox-yozfont/YOzRN_.ttf", "truetype/yozvox-yozfont/YOzBEF.ttf",
 )  # fmt: skip
-SCRIPT_FONTS = (  # Bengali and Tamil (Lohit), Khmer (Khmer OS), Chinese (WenQuanYi Zen Hei, AR PL UKai)
-    "truetype/lohit-bengali/Lohit-Bengali.ttf", "truetype/lohit-tamil/Lohit-Tamil.ttf",
-    "truetype/khmeros/KhmerOS.ttf", "truetype/khmeros/KhmerOSbattambang.ttf", "truetype/wqy/wqy-zenhei.ttc",
-    "truetype/arphic/ukai.ttc",
+SCRIPT_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalapi, Samyak)
+    "truetype/noto/NotoSansArmenian-Regular.ttf", "truetype/noto/NotoSerifArmenian-Regular.ttf",
+    "truetype/noto/NotoSansGeorgian-Regular.ttf", "truetype/fonts-bpg-georgian/BPG_Glaho_GPL&GNU.ttf",
+    "truetype/fonts-bpg-georgian/BPG_Ingiri_GPL&GNU.ttf", "truetype/lohit-gujarati/Lohit-Gujarati.ttf",
+    "truetype/fonts-kalapi/Kalapi.ttf", "truetype/samyak-fonts/Samyak-Gujarati.ttf",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -151,6 +165,14 @@ FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name i
     "havana": "fonts-havana", "yusei-magic": "fonts-yusei-magic", "sjfonts": "fonts-sjfonts",
     "lohit-bengali": "fonts-lohit-beng-bengali", "lohit-tamil": "fonts-lohit-taml", "khmeros": "fonts-khmeros",
     "wqy": "fonts-wqy-zenhei", "arphic": "fonts-arphic-ukai",
+    "fonts-century-catalogue": "fonts-century-catalogue", "fonts-prociono": "fonts-prociono",
+    "fanwood": "fonts-fanwood",
+    "AccanthisADFStd-Regular.otf": "fonts-adf-accanthis", "okolaks": "fonts-okolaks", "ocr-a": "fonts-ocr-a",
+    "yanone-kaffeesatz": "fonts-yanone-kaffeesatz", "junction": "fonts-junction", "didot": "fonts-gfs-didot",
+    "noto": "fonts-noto-core", "fantasque-sans": "fonts-fantasque-sans", "levien": "fonts-levien-typoscript",
+    "YOzRN_.ttf": "fonts-yozvox-yozfont-new-kana", "YOzBEF.ttf": "fonts-yozvox-yozfont-edu",
+    "fonts-bpg-georgian": "fonts-bpg-georgian", "lohit-gujarati": "fonts-lohit-gujr", "fonts-kalapi": "fonts-kalapi",
+    "samyak-fonts": "fonts-samyak-gujr",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -322,6 +344,12 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "vignettes": shapes.vignettes,
     "stains": shapes.stains,
     "script_letters": _fonts_set(SCRIPTS_MORE, SCRIPT_FIT_FONTS, "varied"),
+    "marks": shapes.marks,
+    "sketches": shapes.sketches,
+    "tilings": shapes.tilings,
+    "codec_noise": shapes.codec_noise,
+    "paper": shapes.paper,
+    "notebook": shapes.notebook,
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
@@ -337,12 +365,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": shapes.marks,
-    "scribbles": shapes.sketches,
-    "textures": shapes.tilings,
-    "noise": shapes.codec_noise,
-    "blank": shapes.paper,
-    "near_blank": shapes.notebook,
+    "strokes": unseen.signatures,
+    "scribbles": unseen.figures,
+    "textures": unseen.halftones,
+    "noise": unseen.glitches,
+    "blank": unseen.fills,
+    "near_blank": unseen.show_through,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

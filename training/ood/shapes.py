@@ -1,8 +1,8 @@
 """Drawn non-digits that need no font: noise, blank pages, strokes, scribbles and textures, each on its own canvas.
 
-The generators of each role are listed in `training.ood.nondigits`. Those the reported test sets use
-(`nib_strokes`, `knots`, `weaves`, `scan_noise`, `vignettes`, `stains`) draw nothing any fitting or validation
-set draws: other shapes, other noise, other pages.
+The generators here fit the score (and train a network on non-digits with `capsnet-train --exposure`); the roles
+that use them are listed in `training.ood.nondigits`. The reported test sets draw with `training.ood.unseen`
+instead, whose shapes none of these draws.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def grating(rng: np.random.Generator) -> np.ndarray:
         np.sin(2 * np.pi * rng.uniform(2, 12) * (np.cos(a) * x + np.sin(a) * y) + rng.uniform(0, 2 * np.pi))
         for a in rng.uniform(0, np.pi, rng.integers(2, 4))
     )
-    return _rescaled(np.asarray(field, np.float64))
+    return rescaled(np.asarray(field, np.float64))
 
 
 def noise(rng: np.random.Generator) -> np.ndarray:
@@ -91,7 +91,7 @@ def texture(rng: np.random.Generator) -> np.ndarray:
     """Natural-image-like 1/f^a noise (a in [1.5, 2.5] in power), rescaled to [0, 1]."""
     freq = np.fft.fftfreq(FIELD)[:, None] ** 2 + np.fft.fftfreq(FIELD)[None, :] ** 2
     field = rng.normal(size=(FIELD, FIELD)) + 1j * rng.normal(size=(FIELD, FIELD))
-    return _rescaled(np.real(np.fft.ifft2(field / np.maximum(freq, 1e-4) ** rng.uniform(0.75, 1.25))))
+    return rescaled(np.real(np.fft.ifft2(field / np.maximum(freq, 1e-4) ** rng.uniform(0.75, 1.25))))
 
 
 def elastic(picture: np.ndarray, rng: np.random.Generator, shift: float = 9.0, knots: int = 5) -> np.ndarray:
@@ -192,7 +192,7 @@ def field_noise(rng: np.random.Generator) -> np.ndarray:
     if kind == 0:
         raw = Image.fromarray((rng.uniform(0, 255, (side, side))).astype(np.uint8))
         blurred = np.asarray(raw.filter(ImageFilter.GaussianBlur(float(rng.uniform(1, 4)))), np.float64)
-        return _rescaled(blurred)
+        return rescaled(blurred)
     if kind == 1:
         page = np.full((side, side), rng.uniform(0.3, 0.7))
         hit = rng.random((side, side)) < rng.uniform(0.02, 0.2)
@@ -286,7 +286,7 @@ def masonry(rng: np.random.Generator) -> np.ndarray:
     cy, cx = rng.uniform(-3, 4, 2) * FIELD
     warp = rng.uniform(1, 4) * np.sin(2 * np.pi * (x + y) / rng.uniform(20, 60))
     rings = np.sin(2 * np.pi * (np.hypot(y - cy, x - cx) + warp) / rng.uniform(3, 8))
-    return _rescaled(rings + rng.normal(0, 0.15, rings.shape))
+    return rescaled(rings + rng.normal(0, 0.15, rings.shape))
 
 
 def block_noise(rng: np.random.Generator) -> np.ndarray:
@@ -326,9 +326,6 @@ def sensor_noise(rng: np.random.Generator) -> np.ndarray:
     n = int(rng.integers(1, 4))
     page[rng.integers(0, h, n), rng.integers(0, w, n)] = rng.uniform(0.5, 1, n)
     return page
-
-
-# The test sets' generators: nothing else draws these.
 
 
 def nib_strokes(rng: np.random.Generator) -> np.ndarray:
@@ -418,15 +415,12 @@ def stains(rng: np.random.Generator) -> np.ndarray:
     return np.clip(disc * np.asarray(raw, np.float64) / 255 * rng.uniform(0.1, 0.6), 0, 1)
 
 
-def _rescaled(field: np.ndarray) -> np.ndarray:
+def rescaled(field: np.ndarray) -> np.ndarray:
     span = field.max() - field.min()
     return (field - field.min()) / span if span > 0 else np.zeros_like(field)
 
 
-# The test sets' generators: nothing else draws these.
-
-
-def _wobbly(points: np.ndarray, rng: np.random.Generator, jitter: float) -> list[tuple[float, float]]:
+def wobbly(points: np.ndarray, rng: np.random.Generator, jitter: float) -> list[tuple[float, float]]:
     """A polyline through `points` resampled every 3 pixels and displaced by smoothed noise, as a hand draws it."""
     steps = [np.linspace(a, b, max(2, int(np.hypot(*(b - a)) / 3)), endpoint=False) for a, b in pairwise(points)]
     path = np.concatenate([*steps, points[-1:]])
@@ -435,7 +429,7 @@ def _wobbly(points: np.ndarray, rng: np.random.Generator, jitter: float) -> list
     return [tuple(p) for p in path + noise]
 
 
-def _turned(lines: list[np.ndarray], angle: float, size: float, centre: np.ndarray) -> list[np.ndarray]:
+def turn_lines(lines: list[np.ndarray], angle: float, size: float, centre: np.ndarray) -> list[np.ndarray]:
     rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
     return [line @ rotation.T * size + centre for line in lines]
 
@@ -460,8 +454,8 @@ def marks(rng: np.random.Generator) -> np.ndarray:
         else:
             lines = [np.array([[x - 0.5, -0.8], [x + 0.3, 0.0], [x - 0.5, 0.8]]) for x in (-0.4, 0.4)]
         width = int(rng.integers(4, 11))
-        for line in _turned(lines, rng.uniform(0, 2 * np.pi), rng.uniform(18, 40), rng.uniform(35, CANVAS - 35, 2)):
-            draw.line(_wobbly(line, rng, 0.5), fill=255, width=width, joint="curve")
+        for line in turn_lines(lines, rng.uniform(0, 2 * np.pi), rng.uniform(18, 40), rng.uniform(35, CANVAS - 35, 2)):
+            draw.line(wobbly(line, rng, 0.5), fill=255, width=width, joint="curve")
     return np.asarray(canvas) / 255.0
 
 
@@ -508,10 +502,10 @@ def sketches(rng: np.random.Generator) -> np.ndarray:
     canvas = Image.new("L", (CANVAS, CANVAS), 0)
     draw = ImageDraw.Draw(canvas)
     size, centre = rng.uniform(30, 48), rng.uniform(50, CANVAS - 50, 2)
-    lines = _turned(_outline(int(rng.integers(8)), rng), rng.uniform(-0.35, 0.35), size, centre)
+    lines = turn_lines(_outline(int(rng.integers(8)), rng), rng.uniform(-0.35, 0.35), size, centre)
     width = int(rng.integers(3, 8))
     for line in lines:
-        draw.line(_wobbly(line, rng, 0.3), fill=255, width=width, joint="curve")
+        draw.line(wobbly(line, rng, 0.3), fill=255, width=width, joint="curve")
     return np.asarray(canvas) / 255.0
 
 
@@ -556,7 +550,7 @@ def codec_noise(rng: np.random.Generator) -> np.ndarray:
             np.float64,
         )
         field[1::2] = np.roll(field[1::2], int(rng.integers(2, 7)), axis=1)
-        return _rescaled(field)
+        return rescaled(field)
     return np.clip(rng.uniform(0.2, 0.6) * rng.exponential(1.0, (side, side)), 0, 1)
 
 
@@ -565,7 +559,7 @@ def paper(rng: np.random.Generator) -> np.ndarray:
     size (24 to 160 pixels)."""
     h, w = (int(v) for v in rng.integers(24, 161, 2))
     grain = Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(1.5))
-    return np.clip(rng.uniform(0.05, 0.95) + _rescaled(np.asarray(grain, np.float64)) * rng.uniform(0, 3 / 255), 0, 1)
+    return np.clip(rng.uniform(0.05, 0.95) + rescaled(np.asarray(grain, np.float64)) * rng.uniform(0, 3 / 255), 0, 1)
 
 
 def notebook(rng: np.random.Generator) -> np.ndarray:

@@ -18,7 +18,7 @@ from service.runtime.ood import FEATURE_TAILS, FeatureReference, OODCalibration
 from tests.conftest import write_mnist_dir
 from training.ood import calibrate as ood
 from training.ood import fitted as ood_fitted
-from training.ood import nondigits, shapes
+from training.ood import nondigits, shapes, unseen
 from training.ood.nondigits import FONT_PACKAGE, NONDIGIT_SETS, FontMissing, font_paths, make_set
 
 
@@ -44,7 +44,7 @@ def test_sets_are_seeded_and_deterministic(name: str) -> None:
     assert a.shape == (6, 1, 28, 28) and a.dtype == np.float32
     assert a.min() >= 0.0 and a.max() <= 1.0
     np.testing.assert_array_equal(a, make_set(name, 6, seed=3))
-    if name not in ("blank", "pages", "lit_pages", "vignettes"):  # blank pages of any gray all become zeros
+    if name not in ("blank", "pages", "lit_pages", "vignettes", "paper"):  # blank pages of any gray become zeros
         assert not np.array_equal(a, make_set(name, 6, seed=4))
 
 
@@ -173,7 +173,7 @@ def test_the_reported_sets_share_no_font_character_or_generator_with_any_other_r
         set(nondigits.FIT_FONTS) | set(nondigits.VALIDATION_FONTS) | set(nondigits.VALIDATION_HANDWRITING)
     )
     assert not set(nondigits.SCRIPTS) & set(nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE)
-    shape_sets = [v for v in nondigits.TEST_SETS.values() if getattr(v, "__module__", "") == shapes.__name__]
+    shape_sets = [v for v in nondigits.TEST_SETS.values() if getattr(v, "__module__", "") == unseen.__name__]
     assert len(shape_sets) == 6
     for role in ("fit", "validation", "confirmation"):
         assert not set(shape_sets) & set(nondigits.ROLES[role][0].values()), role
@@ -183,10 +183,11 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
     twins = set(
         "OIlSZBGosbgqzιϑθбчЧБвоОзЗוןlιรวงอฮธลจዐገረरटठडढदاوهمعغرزدذ"
         "ইঈউঊঋএঐওঔঙঠডঢণতবর" "கஉஊஙசஎஏஒஓர" "ខចទនរវ" "一二三十"  # Bengali, Tamil, Khmer, CJK
+        "ԳԶԾՁՅՉՋՏՑՕՖգզլծձճշչջցւօֆ" "ბგვზმნპშწჰ" "ઉઊઘઙચટઠડઢપયરવ"  # Armenian, Georgian, Gujarati
     )  # fmt: skip
     digits = set(
         "٠١٢٣٤٥٦٧٨٩۰۱۲۳۴۵۶۷۸۹๐๑๒๓๔๕๖๗๘๙०१२३४५६७८९፩፪፫፬፭፮፯፰፱"  # Arabic, Persian, Thai, Devanagari, Ethiopic
-        "০১২৩৪৫৬৭৮৯௦௧௨௩௪௫௬௭௮௯០១២៣៤៥៦៧៨៩"  # Bengali, Tamil, Khmer
+        "০১২৩৪৫৬৭৮৯௦௧௨௩௪௫௬௭௮௯០១២៣៤៥៦៧៨៩૦૧૨૩૪૫૬૭૮૯"  # Bengali, Tamil, Khmer, Gujarati
     )  # fmt: skip
     drawn = nondigits.LETTERS + nondigits.SCRIPTS + nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE + nondigits.SYMBOLS
     assert not (twins | digits) & set(drawn)
@@ -197,9 +198,10 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
     [shapes.pen_strokes, shapes.doodles, shapes.cells, shapes.field_noise, shapes.dust, shapes.brush_strokes,
      shapes.spirographs, shapes.masonry, shapes.block_noise, shapes.sensor_noise, shapes.nib_strokes, shapes.knots,
      shapes.weaves, shapes.scan_noise, shapes.stains, shapes.marks, shapes.sketches, shapes.tilings, shapes.codec_noise,
-     shapes.notebook],
+     shapes.notebook, unseen.signatures, unseen.figures, unseen.halftones, unseen.glitches, unseen.fills,
+     unseen.show_through],
 )  # fmt: skip
-def test_the_test_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
+def test_the_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
     for seed in range(20):
         picture = draw(np.random.default_rng(seed))
         assert picture.ndim == 2 and picture.min() >= 0 and picture.max() <= 1 and picture.max() > 0
@@ -213,7 +215,7 @@ def test_blank_pages_of_any_size_become_all_zeros() -> None:
 
 @pytest.mark.parametrize(("draw", "name", "role"), [(shapes.lit_pages, "lit_pages", "fit"),
                                                     (shapes.vignettes, "vignettes", "fit"),
-                                                    (shapes.paper, "blank", "test")])  # fmt: skip
+                                                    (shapes.paper, "paper", "fit")])  # fmt: skip
 def test_unevenly_lit_blank_pages_become_all_zeros(
     draw: Callable[[np.random.Generator], np.ndarray], name: str, role: str
 ) -> None:
@@ -223,6 +225,21 @@ def test_unevenly_lit_blank_pages_become_all_zeros(
     pages = [draw(np.random.default_rng(s)) for s in range(8)]
     assert all(p.max() - p.min() <= 3 / 255 + 1e-9 for p in pages) and any(p.max() > p.min() for p in pages)
     assert len({p.shape for p in pages}) > 1
+
+
+def test_flat_fills_of_any_aspect_ratio_become_all_zeros() -> None:
+    assert not make_set("blank", 8, seed=0, role="test").any()
+    fills = [unseen.fills(np.random.default_rng(s)) for s in range(20)]
+    assert all(f.min() == f.max() and min(f.shape) >= 8 and max(f.shape) <= 200 for f in fills)
+    assert max(max(f.shape) / min(f.shape) for f in fills) > 3
+
+
+def test_show_through_is_faint() -> None:
+    """The back of a page shows through at no more than a quarter of full contrast, often below the contrast floor."""
+    pages = [unseen.show_through(np.random.default_rng(s)) for s in range(20)]
+    assert all(0 < p.max() <= 0.25 for p in pages)
+    images = make_set("near_blank", 20, seed=0, role="test")
+    assert 0 < sum(bool(i.any()) for i in images) < 20
 
 
 def test_every_font_of_every_role_names_its_debian_package() -> None:
