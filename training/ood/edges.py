@@ -19,6 +19,7 @@ EDGE_DIGITS = "4712309568"  # typeset digits tried, in turn, as the in-distribut
 EDGE_OTHERS = "HAKXTPE"  # and letters as the other end
 EDGE_STEPS = 40
 EDGE_NEAR = 0.02  # a pair whose scores both lie this close to the threshold (relatively) ends the search
+EDGE_CLEAR = 1e-3  # and no closer than this: a batch's size moves a served score by up to about 1e-4
 
 
 def typeset(char: str) -> np.ndarray:
@@ -31,7 +32,8 @@ def typeset(char: str) -> np.ndarray:
 
 def edge_pair(model_dir: Path) -> dict[str, Any]:
     """Two images on either side of the card's threshold, as close to it as uint8 pixels allow: a typeset digit
-    blended into a letter (bisection on the blend), the first pair within EDGE_NEAR of it or else the closest.
+    blended into a letter (bisection on the blend), the first pair within EDGE_NEAR of it and no closer than
+    EDGE_CLEAR, or else the closest.
     For tests that pin the served flag."""
     model = ModelOutputs(model_dir)
     calibration = OODCalibration.from_card(model.card["ood"])
@@ -68,14 +70,20 @@ def edge_pair(model_dir: Path) -> dict[str, Any]:
                     "pixels": pixels.tolist(), "ood_score": value,
                     "parts": {part.name: part.contribution for part in parts},
                 }  # fmt: skip
-            gap = max(abs(pair[side]["ood_score"] - calibration.threshold) for side in ("below", "above"))
+            gaps = [abs(pair[side]["ood_score"] - calibration.threshold) for side in ("below", "above")]
+            if min(gaps) < EDGE_CLEAR * abs(calibration.threshold):
+                continue  # too close for the served flag to be sure of the side
+            gap = max(gaps)
             if best is None or gap < best[0]:
                 best = (gap, pair)
             if gap < EDGE_NEAR * abs(calibration.threshold):
                 return pair
     if best is not None:
         return best[1]
-    raise ValueError(f"no typeset digit of {EDGE_DIGITS} is accepted and letter of {EDGE_OTHERS} rejected")
+    raise ValueError(
+        f"no typeset digit of {EDGE_DIGITS} is accepted and letter of {EDGE_OTHERS} rejected (or every blend of "
+        f"such a pair scores within {EDGE_CLEAR:g} of the threshold, relatively)"
+    )
 
 
 def write_edges(model_dir: Path, file: Path) -> dict[str, Any]:
