@@ -75,12 +75,22 @@ def confirmation_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _guard(validation: dict[str, Any]) -> str:
+    guard = validation.get("accuracy_guard")
+    if not guard or guard["met"] is None:
+        return ""
+    kept = "kept" if guard["met"] else "not kept"
+    return f"; the previous score's accuracy on the accepted ({_share(guard['previous_accuracy_accepted'])}) {kept}"
+
+
 def validation_markdown(report: dict[str, Any]) -> str:
     """The validation figures of every candidate: digits accepted and each validation set's rejected share."""
     candidates = report["validation"]["candidates"]
     names = list(next(iter(candidates.values()))["sets"])
     lines = [
-        f"Model `{report['model']}`: validation only, chosen {report['chosen']!r} (the test sets were not scored).",
+        f"Model `{report['model']}`: validation only, chosen {report['chosen']!r} at the "
+        f"{report['validation']['percentile']:g}th percentile{_guard(report['validation'])} (the test sets were not "
+        "scored).",
         "",
         "| candidate | digits accepted | accuracy on the accepted | " + " | ".join(names) + " |",
         "|---|---:|---:|" + "---:|" * len(names),

@@ -20,6 +20,7 @@ EDGE_OTHERS = "HAKXTPE"  # and letters as the other end
 EDGE_STEPS = 40
 EDGE_NEAR = 0.02  # a pair whose scores both lie this close to the threshold (relatively) ends the search
 EDGE_CLEAR = 1e-3  # and no closer than this: a batch's size moves a served score by up to about 1e-4
+EDGE_CLEAR_MIN = 5e-4  # nor closer than this, however small the threshold
 
 
 def typeset(char: str) -> np.ndarray:
@@ -71,7 +72,7 @@ def edge_pair(model_dir: Path) -> dict[str, Any]:
                     "parts": {part.name: part.contribution for part in parts},
                 }  # fmt: skip
             gaps = [abs(pair[side]["ood_score"] - calibration.threshold) for side in ("below", "above")]
-            if min(gaps) < EDGE_CLEAR * abs(calibration.threshold):
+            if min(gaps) < max(EDGE_CLEAR * abs(calibration.threshold), EDGE_CLEAR_MIN):
                 continue  # too close for the served flag to be sure of the side
             gap = max(gaps)
             if best is None or gap < best[0]:

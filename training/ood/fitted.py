@@ -37,6 +37,7 @@ from service.contract import (
     write_card,
 )
 from training.data.mnist import load_split, to_float
+from training.ood.choice import TARGET_ACCEPTANCE, TIGHTER, choose_guarded
 from training.ood.network import HIDDEN, fit_network
 from training.ood.nondigits import ROLES, make_set, rotated_digits
 
@@ -296,38 +297,6 @@ CANDIDATES = {  # feature sets the validation sets choose between (those the mod
 }
 
 
-CHOICE_MARGIN = 0.01  # worst-set shares this close to the best (about one standard error at 1,000 images) tie
-TARGET_ACCEPTANCE = 0.99  # of unseen digits, the flag's promise
-TIGHTER = (0.1, 0.2)  # percentile points a threshold may come down by to keep the previous score's accuracy
-
-
-def choose(candidates: dict[str, Any]) -> str:
-    """The candidate whose worst validation set is rejected most; among those within CHOICE_MARGIN of it, the one
-    with the most features (more parts explain a flag), then the best mean share."""
-    best = max(c["worst_rejected"] for c in candidates.values())
-    close = [label for label, c in candidates.items() if c["worst_rejected"] >= best - CHOICE_MARGIN]
-    return max(close, key=lambda k: (len(candidates[k]["features"]), candidates[k]["mean_rejected"]))
-
-
-def choose_guarded(candidates: dict[str, Any], accuracy: float | None) -> tuple[str, float]:
-    """(candidate, percentile): `choose` among the candidates whose accepted validation digits are read as accurately
-    as `accuracy` (the previous score's on the same digits) or more, at the loosest threshold that does so (their
-    own percentile, else a `tighter` one); with no `accuracy`, or none reaching it, `choose` at their own."""
-    own = max(c["percentile"] for c in candidates.values())
-    if accuracy is None:
-        return choose(candidates), own
-    options = sorted({own} | {float(q) for c in candidates.values() for q in c.get("tighter", {})}, reverse=True)
-    for q in options:
-        at_q = {}
-        for label, c in candidates.items():
-            row = c if c["percentile"] == q else c.get("tighter", {}).get(f"{q:g}")
-            if row is not None and (row["digits"]["accuracy_accepted"] or 0.0) >= accuracy:
-                at_q[label] = {"features": c["features"], **row}
-        if at_q:
-            return choose(at_q), q
-    return choose(candidates), own
-
-
 def held_out(n: int, val_split: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(trained, held out) training-set indices as `capsnet-train --val-split` chose them (`hold_out`)."""
     order = np.random.default_rng(seed).permutation(n)
@@ -505,7 +474,7 @@ def fit_and_evaluate(
     validation_report: dict[str, Any] = {"candidates": candidates, "percentile": chosen_percentile}
     if old_val is not None:
         validation_report["previous"] = old_val
-        met = (chosen_row["digits"]["accuracy_accepted"] or 0.0) >= (guard or 0.0)
+        met = None if guard is None else (chosen_row["digits"]["accuracy_accepted"] or 0.0) >= guard
         validation_report["accuracy_guard"] = {"previous_accuracy_accepted": guard, "met": met}
     ood["target_acceptance"] = TARGET_ACCEPTANCE
     ood["digit_split"] = {"seed": seed, "combiner": combiner, "validation": validation}

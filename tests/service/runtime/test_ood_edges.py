@@ -21,6 +21,7 @@ ZOO = Path(__file__).resolve().parents[3] / "model" / "zoo"
 EDGES = Path(__file__).parent / "ood_edges.json"
 MODELS = ("capsnet-mnist", "capsnet-mnist-int8", "capsnet-em-mnist")
 NEAR = 0.05  # each image's score lies within 5% of the threshold: a 20% looser or tighter threshold flips one
+EDGE_CLEAR, EDGE_CLEAR_MIN = 1e-3, 5e-4  # and no closer than training.ood.edges cuts it (relatively, absolutely)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,8 @@ def test_the_pair_was_cut_for_the_card_and_sits_close_either_side(name: str) -> 
     assert threshold > 0
     assert threshold / (1 + NEAR) < pair["below"]["ood_score"] <= threshold < pair["above"]["ood_score"]
     assert pair["above"]["ood_score"] < threshold * (1 + NEAR)
+    clear = max(EDGE_CLEAR * threshold, EDGE_CLEAR_MIN)  # far enough that a batch's size cannot flip the flag
+    assert min(threshold - pair["below"]["ood_score"], pair["above"]["ood_score"] - threshold) >= clear
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -72,7 +75,10 @@ def test_the_served_flag_score_and_parts_either_side_of_the_threshold(zoo_client
     body = {"images": [{"array": pair[side]["pixels"]} for side in ("below", "above")]}
     with_parts = zoo_client.post(f"/v1/models/{name}/classify", params={"include_ood_parts": "true"}, json=body)
     plain = zoo_client.post(f"/v1/models/{name}/classify", json=body).json()["predictions"]
+    assert with_parts.status_code == 200, with_parts.text
     assert [p["ood_score"] for p in plain] == [p["ood_score"] for p in with_parts.json()["predictions"]]
+    assert [p["in_distribution"] for p in plain] == [True, False]  # in a batch of two as well
+    assert [p["ood_score"] for p in plain] == pytest.approx([below["ood_score"], above["ood_score"]], abs=2e-4)
     assert "ood_parts" not in plain[0]
 
 

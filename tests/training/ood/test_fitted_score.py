@@ -12,9 +12,9 @@ import pytest
 from service.runtime.ood import OODCalibration
 from tests.conftest import write_mnist_dir
 from training.ood import calibrate as ood
+from training.ood import choice, nondigits
 from training.ood import edges as ood_edges
 from training.ood import fitted as ood_fitted
-from training.ood import nondigits
 from training.ood.nondigits import TEST_SETS, VALIDATION_SETS, FontMissing, font_paths, make_set, rotated_digits
 
 
@@ -228,9 +228,9 @@ def test_the_choice_takes_the_best_worst_set_and_among_near_ties_the_most_featur
     def row(worst: float, mean: float, n: int) -> dict:
         return {"worst_rejected": worst, "mean_rejected": mean, "features": ["f"] * n}
 
-    assert ood_fitted.choose({"a": row(0.90, 0.95, 1), "b": row(0.80, 0.99, 9)}) == "a"
-    assert ood_fitted.choose({"a": row(0.90, 0.95, 1), "b": row(0.895, 0.93, 9)}) == "b"  # within the margin
-    assert ood_fitted.choose({"a": row(0.90, 0.95, 9), "b": row(0.90, 0.96, 9)}) == "b"  # then the mean
+    assert choice.choose({"a": row(0.90, 0.95, 1), "b": row(0.80, 0.99, 9)}) == "a"
+    assert choice.choose({"a": row(0.90, 0.95, 1), "b": row(0.895, 0.93, 9)}) == "b"  # within the margin
+    assert choice.choose({"a": row(0.90, 0.95, 9), "b": row(0.90, 0.96, 9)}) == "b"  # then the mean
 
 
 def test_the_guarded_choice_keeps_the_previous_scores_accuracy_at_the_loosest_threshold() -> None:
@@ -242,15 +242,17 @@ def test_the_guarded_choice_keeps_the_previous_scores_accuracy_at_the_loosest_th
                 "tighter": {"99.2": rows[1], "99.1": rows[2]}}  # fmt: skip
 
     a = candidate(1, row(0.90, 0.9970), row(0.91, 0.9975), row(0.92, 0.9990))
-    b = candidate(9, row(0.80, 0.9980), row(0.81, 0.9985), row(0.82, 0.9990))
-    assert ood_fitted.choose_guarded({"a": a, "b": b}, None) == ("a", 99.3)  # no previous score: `choose`
-    assert ood_fitted.choose_guarded({"a": a, "b": b}, 0.9970) == ("a", 99.3)  # a keeps it at its own percentile
-    assert ood_fitted.choose_guarded({"a": a, "b": b}, 0.9980) == ("b", 99.3)  # only b keeps it at 99.3
-    assert ood_fitted.choose_guarded({"a": a}, 0.9975) == ("a", 99.2)  # a threshold 0.1 point tighter keeps it
-    assert ood_fitted.choose_guarded({"a": a, "b": b}, 0.9990) == ("a", 99.1)  # both at 99.1: `choose` between them
-    assert ood_fitted.choose_guarded({"a": a, "b": b}, 0.9999) == ("a", 99.3)  # none keeps it: as unguarded
+    b = candidate(9, row(0.895, 0.9980), row(0.90, 0.9985), row(0.91, 0.9990))  # as strong as a (within the margin)
+    weak = candidate(9, row(0.80, 0.9999), row(0.81, 0.9999), row(0.82, 0.9999))  # reads digits best, detects worst
+    assert choice.choose_guarded({"a": a, "b": b}, None) == ("b", 99.3)  # no previous score: `choose`
+    assert choice.choose_guarded({"a": a, "b": b}, 0.9970) == ("b", 99.3)  # both keep it at their own percentile
+    assert choice.choose_guarded({"a": a, "b": b}, 0.9980) == ("b", 99.3)  # only b keeps it at 99.3
+    assert choice.choose_guarded({"a": a}, 0.9975) == ("a", 99.2)  # a threshold 0.1 point tighter keeps it
+    assert choice.choose_guarded({"a": a, "b": b}, 0.9990) == ("b", 99.1)  # both at 99.1: `choose` between them
+    assert choice.choose_guarded({"a": a, "b": b}, 0.9999) == ("b", 99.3)  # none keeps it: as unguarded
+    assert choice.choose_guarded({"a": a, "weak": weak}, 0.9980) == ("a", 99.1)  # never a much weaker detector
     none_accepted = candidate(1, row(1.0, None), row(1.0, None), row(1.0, None))
-    assert ood_fitted.choose_guarded({"a": none_accepted}, 0.5) == ("a", 99.3)
+    assert choice.choose_guarded({"a": none_accepted}, 0.5) == ("a", 99.3)
 
 
 @needs_fonts
@@ -281,6 +283,24 @@ def test_confirmation_fonts_missing_name_their_packages(monkeypatch: pytest.Monk
     monkeypatch.setattr(nondigits, "FONT_ROOT", tmp_path)
     with pytest.raises(FontMissing, match="need Debian's fonts-dancingscript fonts-kristi; missing"):
         make_set("handwritten_letters", 1, seed=0, role="confirmation")
+
+
+@needs_fonts
+@pytest.mark.usefixtures("dejavu_for_held_out")
+def test_a_tighter_percentile_chosen_on_validation_sets_the_cards_threshold_and_rule(
+    tiny_model: Path, tmp_path: Path, tiny_mnist: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny_model = own_copy(tiny_model, tmp_path)
+    monkeypatch.setattr(ood_fitted, "TARGET_ACCEPTANCE", 0.5)  # lets the tiny fit's 90th percentile come down
+    monkeypatch.setattr(ood_fitted, "choose_guarded", lambda candidates, accuracy: ("all", 89.8))
+    report_file = tmp_path / "ood.json"
+    assert ood.main([*tiny_fit(tiny_model, tiny_mnist), "--write-card", "--json", str(report_file)]) == 0
+    report = json.loads(report_file.read_text())
+    tighter = report["validation"]["candidates"]["all"]["tighter"]
+    assert set(tighter) == {"89.9", "89.8"} and report["validation"]["percentile"] == 89.8
+    card = json.loads((tiny_model / "model.json").read_text())["ood"]
+    assert card["threshold"] == tighter["89.8"]["threshold"] == report["threshold"]
+    assert card["threshold_rule"].startswith("the 89.8th percentile") and report["chosen"] == "all"
 
 
 @needs_fonts
