@@ -95,7 +95,7 @@ def validation_markdown(report: dict[str, Any]) -> str:
         "| candidate | digits accepted | accuracy on the accepted | " + " | ".join(names) + " |",
         "|---|---:|---:|" + "---:|" * len(names),
     ]
-    rows = [(label, row) for label, row in candidates.items()]
+    rows = list(candidates.items())
     if "previous" in report["validation"]:
         rows.append(("previous score", report["validation"]["previous"]))
     for label, row in rows:

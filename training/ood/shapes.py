@@ -415,6 +415,12 @@ def stains(rng: np.random.Generator) -> np.ndarray:
     return np.clip(disc * np.asarray(raw, np.float64) / 255 * rng.uniform(0.1, 0.6), 0, 1)
 
 
+def smooth_noise(rng: np.random.Generator, shape: tuple[int, int], blur: float) -> np.ndarray:
+    """Uniform byte noise of `shape` under a Gaussian blur of `blur` pixels, rescaled to [0, 1]."""
+    noise = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).filter(ImageFilter.GaussianBlur(blur))
+    return rescaled(np.asarray(noise, np.float64))
+
+
 def rescaled(field: np.ndarray) -> np.ndarray:
     span = field.max() - field.min()
     return (field - field.min()) / span if span > 0 else np.zeros_like(field)
@@ -545,12 +551,9 @@ def codec_noise(rng: np.random.Generator) -> np.ndarray:
         noise.save(buffer, "JPEG", quality=int(rng.integers(2, 11)))
         return np.asarray(Image.open(buffer), np.float64) / 255.0
     if kind == 1:
-        field = np.asarray(
-            Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(3)),
-            np.float64,
-        )
+        field = smooth_noise(rng, (side, side), 3)
         field[1::2] = np.roll(field[1::2], int(rng.integers(2, 7)), axis=1)
-        return rescaled(field)
+        return field
     return np.clip(rng.uniform(0.2, 0.6) * rng.exponential(1.0, (side, side)), 0, 1)
 
 
@@ -558,8 +561,8 @@ def paper(rng: np.random.Generator) -> np.ndarray:
     """A blank sheet of paper with its fibres: smooth grain of at most 3 of 255 gray levels on a page of random
     size (24 to 160 pixels)."""
     h, w = (int(v) for v in rng.integers(24, 161, 2))
-    grain = Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(1.5))
-    return np.clip(rng.uniform(0.05, 0.95) + rescaled(np.asarray(grain, np.float64)) * rng.uniform(0, 3 / 255), 0, 1)
+    grain = smooth_noise(rng, (h, w), 1.5)
+    return np.clip(rng.uniform(0.05, 0.95) + grain * rng.uniform(0, 3 / 255), 0, 1)
 
 
 def notebook(rng: np.random.Generator) -> np.ndarray:

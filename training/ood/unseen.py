@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from training.ood.shapes import CANVAS, FIELD, rescaled, turn_lines, wobbly
+from training.ood.shapes import CANVAS, FIELD, smooth_noise, turn_lines, wobbly
 
 
 def signatures(rng: np.random.Generator) -> np.ndarray:
@@ -67,16 +67,11 @@ def figures(rng: np.random.Generator) -> np.ndarray:
     return np.asarray(canvas) / 255.0
 
 
-def _smooth_field(rng: np.random.Generator, side: int, blur: float) -> np.ndarray:
-    noise = Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8)).filter(ImageFilter.GaussianBlur(blur))
-    return rescaled(np.asarray(noise, np.float64))
-
-
 def halftones(rng: np.random.Generator) -> np.ndarray:
     """A smooth random picture printed as a halftone, 64 pixels a side: a screen of dots (on a grid 4 to 8 pixels
     apart, turned by any angle, each dot as large as the picture is dark there) or a line screen (parallel lines
     as thick as the picture is dark)."""
-    tone = _smooth_field(rng, FIELD, rng.uniform(4, 10))
+    tone = smooth_noise(rng, (FIELD, FIELD), rng.uniform(4, 10))
     y, x = np.mgrid[0:FIELD, 0:FIELD].astype(np.float64)
     pitch, angle = rng.uniform(4, 8), rng.uniform(0, np.pi / 2)
     u = (x * np.cos(angle) + y * np.sin(angle)) / pitch
@@ -99,7 +94,7 @@ def glitches(rng: np.random.Generator) -> np.ndarray:
             if rng.integers(2):
                 rows[r] = rows[r - 1]
         return rows
-    field = _smooth_field(rng, side, rng.uniform(1.5, 4))
+    field = smooth_noise(rng, (side, side), rng.uniform(1.5, 4))
     if kind == 1:
         levels = int(rng.integers(2, 5))
         return np.floor(field * levels).clip(0, levels - 1) / (levels - 1)
