@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from service.contract import preprocess
-from training.ood import shapes, unseen
+from training.ood import pictures, shapes, unseen
 from training.ood.shapes import CANVAS, elastic
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
@@ -45,12 +45,21 @@ SCRIPTS_MORE = (  # Thai, Hangul, Ethiopic, Devanagari, Arabic, Bengali, Tamil, 
     "অআকখগঘচছজঝঞটথদধনপফভমযলশষসহ" "அஆஇஈஐஞடணதநபமயலவழளறன" "កគឃងឆជឈញដឋណតថធបផពភមយលសហឡអ"
     "漢字語書読電鳥森林学校海空雪風花草島館様識議護響驚龍鬱門問間黒線"
 )  # fmt: skip
-SCRIPTS = (  # Armenian, Georgian and Gujarati letters the fitting never draws; no digit twins
+SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurmukhi, Oriya, Canadian syllabics,
+    # Tifinagh, Syriac, Javanese and Vai: fitting only; no twins (nor letters the version 5 card took for digits)
     "ԱԲԴԵԷԸԹԺԻԼԽԿՀՂՃՄՆՇՈՊՌՍՎՐՒՓՔաբդեէըթժիխկհղմյնոպռսվտրփք" "ადეთიკლოჟრსტუფქღყჩცძჭხჯ"
-    "અઆઇઈઋઍકખગછજઝઞણતથદધનફબભમલળશષસહ"
+    "અઆઇઈઋઍકખગછજઝઞણતથદધનફબભમલળશષસહ" "ආඇඈඉඊඋඒඔඕකඛගඝඞඡජඣඤටඨඩඪණතධනපබභමයරලශෂසහළ"
+    "അആഇഈഉഊഎഏഐഓഔകഖഗഘങചഛജഝഞഡഢണതഥധനപഫബഭമയരലളഴവശഷസഹ" "ກຄງຊຍຕຖທນບປຜຝພຟມຢວສຫ"
+    "ਅਆਇਈਉਊਏਐਔਖਗਘਚਛਜਝਞਟਠਢਣਥਦਧਨਫਬਭਮਯਰਵਸ਼ਸਹ" "ଅଆଇଈଉଊଋଏଐଔକଖଗଘଙଚଛଜଝଞଟଡଢଣତଥଦଧନପଫବଭମଯରଲଳଶଷସହ"
+    "ᐁᐃᐄᐅᐯᐱᐳᐸᑌᑎᑐᑕᑭᑯᒋᒍᒐᒥᒧᒪᓀᓂᓄᓇᓭᓯᓱᓴᔨᔪᕃᕆᕈᕓᕕᕙᖃᖅᖏ" "ⴱⴳⴷⴹⴻⴼⴽⵀⵃⵄⵅⵇⵉⵊⵍⵎⵓⵕⵙⵜⵟⵡⵣⵥ" "ܐܒܓܗܘܚܛܟܠܡܢܣܥܦܩܫܬ"
+    "ꦄꦅꦆꦇꦈꦉꦊꦋꦌꦍꦎꦏꦐꦑꦒꦓꦔꦕꦖꦗꦘꦙꦚꦛꦜꦝꦞꦟꦠꦡꦢꦣꦤꦥꦦꦧꦨꦩꦪꦫꦬꦭꦮꦯꦰꦱꦲ" "ꔀꔁꔂꔃꔄꔅꔆꔈꔉꔊꔋꔌꔍꔐꔑꔔꔕꔖꔗꔘꔙꔚꔛꔜꔝꔞꔟꔠꔣꔤꔥꔦꔧꔨꔩ"
+)  # fmt: skip
+SCRIPTS = (  # Telugu, Cherokee and Tibetan letters the fitting never draws; no digit twins
+    "అఆఇఈఉఊఋఏఐఓఔకఖగఘఙచఛజఝఞటఠడఢణతథదధనపఫబభమయరఱలళవశషసహ"
+    "ᎠᎡᎢᎣᎤᎥᎨᎩᎪᎫᎬᎭᎮᎯᎰᎱᎲᎳᎵᎷᎸᎹᎻᎽᎿᏁᏂᏅᏇᏈᏉᏊᏌᏍᏐᏑᏒᏔᏖᏗᏘᏙᏛᏝᏞᏟᏠᏡᏢᏣᏤᏥᏦᏨᏪᏬᏯᏱᏲ" "ཀཁགངཆཇནཔཕབམཙཚཛཝཟའཡརལསཨ"
 )  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
-FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 25 families more (6 handwriting-like)
+FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 40 families more (10 handwriting-like)
     "truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeMono.ttf",
     "truetype/freefont/FreeSansBold.ttf", "truetype/freefont/FreeSerifItalic.ttf",
     "truetype/humor-sans/Humor-Sans.ttf", "opentype/comic-neue/ComicNeue-Regular.otf",
@@ -91,6 +100,13 @@ FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 25 
     "truetype/blankenburg/Blankenburg_UNZ1A.ttf", "truetype/leckerli-one/LeckerliOne-Regular.ttf",
     "opentype/havana/Havana-Regular.otf", "truetype/yusei-magic/YuseiMagic-Regular.ttf",
     "truetype/sjfonts/Delphine.ttf", "truetype/sjfonts/SteveHand.ttf",
+
+    "truetype/fonts-century-catalogue/Century-Catalogue.ttf", "opentype/fonts-prociono/Prociono.otf",
+    "truetype/fanwood/Fanwood.otf", "truetype/adf/AccanthisADFStd-Regular.otf", "truetype/okolaks/okolaksRegular.ttf",
+    "truetype/ocr-a/OCRA.ttf", "opentype/yanone-kaffeesatz/YanoneKaffeesatz-Regular.otf",
+    "opentype/junction/Junction.otf", "opentype/didot/GFSDidot.otf", "truetype/noto/NotoSerif-Regular.ttf",
+    "truetype/noto/NotoSerif-Italic.ttf", "opentype/fantasque-sans/LargeLineHeight/OTF/FantasqueSansMono-Regular.otf",
+    "opentype/levien/TypoScript.otf", "truetype/yozvox-yozfont/YOzRN_.ttf", "truetype/yozvox-yozfont/YOzBEF.ttf",
 )  # fmt: skip
 SCRIPT_FIT_FONTS = (  # Thai, Korean, Ethiopic, Devanagari, Arabic; Bengali, Tamil, Khmer and Chinese
     "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
@@ -112,20 +128,34 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
     "truetype/tomsontalks/TomsonTalks.ttf",
     "opentype/urw-base35/Z003-MediumItalic.otf",
 )
-TEST_FONTS = (  # typefaces no other role uses; the last four are handwriting-like (a comic hand, a copperplate
-    # script, two pen hands)
-    "truetype/fonts-century-catalogue/Century-Catalogue.ttf", "opentype/fonts-prociono/Prociono.otf",
-    "truetype/fanwood/Fanwood.otf", "truetype/adf/AccanthisADFStd-Regular.otf", "truetype/okolaks/okolaksRegular.ttf",
-    "truetype/ocr-a/OCRA.ttf", "opentype/yanone-kaffeesatz/YanoneKaffeesatz-Regular.otf",
-    "opentype/junction/Junction.otf", "opentype/didot/GFSDidot.otf", "truetype/noto/NotoSerif-Regular.ttf",
-    "truetype/noto/NotoSerif-Italic.ttf", "opentype/fantasque-sans/LargeLineHeight/OTF/FantasqueSansMono-Regular.otf",
-    "opentype/levien/TypoScript.otf", "truetype/yozvox-yozfont/YOzRN_.ttf", "truetype/yozvox-yozfont/YOzBEF.ttf",
-)  # fmt: skip
-SCRIPT_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalapi, Samyak)
+WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalapi, Samyak); the other scripts of
+    # SCRIPTS_WORLD in Noto
     "truetype/noto/NotoSansArmenian-Regular.ttf", "truetype/noto/NotoSerifArmenian-Regular.ttf",
     "truetype/noto/NotoSansGeorgian-Regular.ttf", "truetype/fonts-bpg-georgian/BPG_Glaho_GPL&GNU.ttf",
     "truetype/fonts-bpg-georgian/BPG_Ingiri_GPL&GNU.ttf", "truetype/lohit-gujarati/Lohit-Gujarati.ttf",
     "truetype/fonts-kalapi/Kalapi.ttf", "truetype/samyak-fonts/Samyak-Gujarati.ttf",
+    "truetype/noto/NotoSansSinhala-Regular.ttf", "truetype/noto/NotoSerifSinhala-Regular.ttf",
+    "truetype/noto/NotoSansMalayalam-Regular.ttf", "truetype/noto/NotoSerifMalayalam-Regular.ttf",
+    "truetype/noto/NotoSansLao-Regular.ttf", "truetype/noto/NotoSerifLao-Regular.ttf",
+    "truetype/noto/NotoSansGurmukhi-Regular.ttf", "truetype/noto/NotoSerifGurmukhi-Regular.ttf",
+    "truetype/noto/NotoSansOriya-Regular.ttf", "truetype/noto/NotoSansCanadianAboriginal-Regular.ttf",
+    "truetype/noto/NotoSansTifinagh-Regular.ttf", "truetype/noto/NotoSansSyriac-Regular.ttf",
+    "truetype/noto/NotoSansJavanese-Regular.ttf", "truetype/noto/NotoSansVai-Regular.ttf",
+)  # fmt: skip
+TEST_FONTS = (  # typefaces no other role uses; the last three are handwriting-like (a hand, a bold script, an
+    # italic script)
+    "truetype/paratype/PTS55F.ttf", "truetype/paratype/PTF55F.ttf", "truetype/hack/Hack-Regular.ttf",
+    "truetype/jetbrains-mono/JetBrainsMono-Regular.ttf", "truetype/doulos/DoulosSIL-Regular.ttf",
+    "truetype/adf/VeranaSans-Regular.otf", "truetype/adf/LibrisADFStd-Regular.otf",
+    "truetype/adf/OldaniaADFStd-Regular.otf", "opentype/play/Play-Regular.otf", "truetype/inconsolata/Inconsolata.otf",
+    "opentype/gemunu-libre/GemunuLibre-Regular.otf", "truetype/dustin/Domestic_Manners.ttf",
+    "opentype/lobster/lobster.otf", "truetype/adf/RomandeADFScriptStd-Italic.otf",
+)  # fmt: skip
+SCRIPT_FONTS = (  # Telugu (Noto, Gurajada, Ramabhadra), Cherokee (Noto), Tibetan (Noto, DDC Uchen, Tibetan Machine)
+    "truetype/noto/NotoSansTelugu-Regular.ttf", "truetype/noto/NotoSerifTelugu-Regular.ttf",
+    "truetype/teluguvijayam/Gurajada.ttf", "truetype/teluguvijayam/ramabhadra.ttf",
+    "truetype/noto/NotoSansCherokee-Regular.ttf", "truetype/noto/NotoSerifTibetan-Regular.ttf",
+    "truetype/tibetan/DDC_Uchen.ttf", "truetype/tibetan-machine/TibetanMachineUni.ttf",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -172,7 +202,12 @@ FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name i
     "noto": "fonts-noto-core", "fantasque-sans": "fonts-fantasque-sans", "levien": "fonts-levien-typoscript",
     "YOzRN_.ttf": "fonts-yozvox-yozfont-new-kana", "YOzBEF.ttf": "fonts-yozvox-yozfont-edu",
     "fonts-bpg-georgian": "fonts-bpg-georgian", "lohit-gujarati": "fonts-lohit-gujr", "fonts-kalapi": "fonts-kalapi",
-    "samyak-fonts": "fonts-samyak-gujr",
+    "samyak-fonts": "fonts-samyak-gujr", "paratype": "fonts-paratype", "hack": "fonts-hack",
+    "jetbrains-mono": "fonts-jetbrains-mono", "doulos": "fonts-sil-doulos", "VeranaSans-Regular.otf": "fonts-adf-verana",
+    "LibrisADFStd-Regular.otf": "fonts-adf-libris", "OldaniaADFStd-Regular.otf": "fonts-adf-oldania",
+    "RomandeADFScriptStd-Italic.otf": "fonts-adf-romande", "play": "fonts-play", "inconsolata": "fonts-inconsolata",
+    "gemunu-libre": "fonts-gemunu-libre", "dustin": "fonts-dustin", "lobster": "fonts-lobster",
+    "teluguvijayam": "fonts-teluguvijayam", "tibetan": "fonts-ddc-uchen", "tibetan-machine": "fonts-tibetan-machine",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -350,6 +385,13 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "codec_noise": shapes.codec_noise,
     "paper": shapes.paper,
     "notebook": shapes.notebook,
+    "world_letters": _fonts_set(SCRIPTS_WORLD, WORLD_FONTS, "varied"),
+    "signatures": pictures.signatures,
+    "figures": pictures.figures,
+    "halftones": pictures.halftones,
+    "glitches": pictures.glitches,
+    "fills": pictures.fills,
+    "show_through": pictures.show_through,
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
@@ -365,12 +407,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": unseen.signatures,
-    "scribbles": unseen.figures,
-    "textures": unseen.halftones,
-    "noise": unseen.glitches,
-    "blank": unseen.fills,
-    "near_blank": unseen.show_through,
+    "strokes": unseen.zigzags,
+    "scribbles": unseen.hatching,
+    "textures": unseen.plaids,
+    "noise": unseen.dithers,
+    "blank": unseen.checkerboards,
+    "near_blank": unseen.wiped_boards,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

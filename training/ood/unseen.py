@@ -1,9 +1,10 @@
-"""The reported test sets' drawn non-digits: shapes, textures, noise and pages that no fitting, validation or
-confirmation set draws (`training.ood.nondigits.TEST_SETS`).
+"""The reported test sets' drawn non-digits: strokes, scribbles, textures, noise and pages that no fitting,
+validation or confirmation set draws (`training.ood.nondigits.TEST_SETS`).
 
-Each generator is its own kind of image, not a variant of a fitting one: signatures (a pen that loops as it
-writes), outlined figures (polygons and boxes, never a circle, which is a 0), halftone screens, corrupt image
-data, flat fills of any aspect ratio and pages with show-through from their back.
+Each generator is its own kind of image, not a variant of a fitting one: zigzags (a pen tried out or a word
+crossed out), hatching (an artist's shading, sometimes crossed), plaids (woven bands of several widths), ordered
+dithering (a picture reduced to black and white by a Bayer matrix), transparency checkerboards (an empty canvas as
+an image editor shows it) and wiped boards (the faint ghost of erased writing).
 """
 
 from __future__ import annotations
@@ -14,117 +15,90 @@ from PIL import Image, ImageDraw, ImageFilter
 from training.ood.shapes import CANVAS, FIELD, smooth_noise, turn_lines, wobbly
 
 
-def signatures(rng: np.random.Generator) -> np.ndarray:
-    """A signature's scrawl: a pen moving right while it loops (a prolate trochoid of 3 to 7 loops, each of its own
-    height), slanted, sometimes with an underline flourish; 2 to 7 pixels wide on a 112 canvas."""
-    loops = int(rng.integers(3, 8))
-    t = np.linspace(0, 2 * np.pi * loops, 60 * loops)
-    heights = np.repeat(rng.uniform(0.5, 1.4, loops), 60)
-    x = t / (2 * np.pi * loops) * 2 - 1 + 0.12 * np.sin(t) * rng.uniform(0.5, 1.5)
-    y = -heights * 0.35 * np.cos(t) * rng.uniform(0.6, 1.0) + np.cumsum(rng.normal(0, 0.004, t.size))
-    slant = rng.uniform(-0.4, 0.4)
-    lines = [np.stack([x + slant * y, y], axis=1)]
-    if rng.integers(2):
-        lines.append(np.array([[-0.9, 0.55], [0.0, 0.5 + rng.uniform(0, 0.1)], [1.0, 0.45]]))
+def zigzags(rng: np.random.Generator) -> np.ndarray:
+    """A zigzag drawn in one go: 4 to 9 sharp turns between two wavering edges, each leg of its own height, as a pen
+    is tried out or a word crossed out; turned by any angle up to 40 degrees, 2 to 7 pixels wide on a 112 canvas."""
+    turns = int(rng.integers(4, 10))
+    x = np.linspace(-1, 1, turns + 1) + rng.normal(0, 0.03, turns + 1)
+    y = np.where(np.arange(turns + 1) % 2 == 0, -1.0, 1.0) * rng.uniform(0.25, 0.6, turns + 1)
     canvas = Image.new("L", (CANVAS, CANVAS), 0)
     draw = ImageDraw.Draw(canvas)
     width = int(rng.integers(2, 8))
-    placed = turn_lines(lines, rng.uniform(-0.3, 0.3), rng.uniform(35, 50), np.array([CANVAS / 2, CANVAS / 2]))
-    for line in placed:
-        draw.line(wobbly(line, rng, 0.3), fill=255, width=width, joint="curve")
+    line = turn_lines([np.stack([x, y], axis=1)], rng.uniform(-0.7, 0.7), rng.uniform(35, 50),
+                      np.array([CANVAS / 2, CANVAS / 2]))[0]  # fmt: skip
+    draw.line(wobbly(line, rng, 0.4), fill=255, width=width, joint="curve")
     return np.asarray(canvas) / 255.0
 
 
-def _figure(kind: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """The lines of an outlined figure in a unit box: a triangle, a square, a diamond, a pentagon or hexagon, a
-    ticked box, two overlapping rectangles, or a square inside a square."""
-    if kind in (0, 3):
-        n = 3 if kind == 0 else int(rng.integers(5, 7))
-        a = -np.pi / 2 + 2 * np.pi * np.arange(n + 1) / n
-        return [np.stack([np.cos(a), np.sin(a)], axis=1) * 0.95]
-    square = np.array([[-1.0, -1.0], [1.0, -1.0], [1.0, 1.0], [-1.0, 1.0], [-1.0, -1.0]]) * 0.85
-    if kind == 1:
-        return [square * [1.0, rng.uniform(0.6, 1.0)]]
-    if kind == 2:
-        return [np.array([[0.0, -1.0], [0.7, 0.0], [0.0, 1.0], [-0.7, 0.0], [0.0, -1.0]])]
-    if kind == 4:
-        return [square, np.array([[-0.5, 0.0], [-0.1, 0.45], [0.6, -0.55]])]
-    if kind == 5:
-        return [square * [0.8, 0.5] + [-0.2, -0.25], square * [0.6, 0.55] + [0.3, 0.3]]
-    return [square, square * 0.45]
-
-
-def figures(rng: np.random.Generator) -> np.ndarray:
-    """One or two outlined figures drawn by hand (`_figure`), 3 to 9 pixels wide on a 112 canvas."""
+def hatching(rng: np.random.Generator) -> np.ndarray:
+    """A patch of hatching as an artist shades: 5 to 12 short parallel strokes side by side, each of its own length,
+    and half the time a second layer across them; 1 to 4 pixels wide on a 112 canvas."""
     canvas = Image.new("L", (CANVAS, CANVAS), 0)
     draw = ImageDraw.Draw(canvas)
-    for _ in range(rng.integers(1, 3)):
-        width = int(rng.integers(3, 10))
-        lines = turn_lines(_figure(int(rng.integers(7)), rng), rng.uniform(-0.5, 0.5), rng.uniform(20, 42),
-                           rng.uniform(40, CANVAS - 40, 2))  # fmt: skip
-        for line in lines:
-            draw.line(wobbly(line, rng, 0.4), fill=255, width=width, joint="curve")
+    width = int(rng.integers(1, 5))
+    angle = rng.uniform(0, np.pi)
+    for layer in range(1 + int(rng.integers(2))):
+        count = int(rng.integers(5, 13))
+        offsets = np.linspace(-0.8, 0.8, count)
+        strokes = [np.array([[o, -rng.uniform(0.4, 0.9)], [o + rng.uniform(-0.1, 0.1), rng.uniform(0.4, 0.9)]])
+                   for o in offsets]  # fmt: skip
+        turn = angle + layer * rng.uniform(0.5, np.pi - 0.5)
+        for line in turn_lines(strokes, turn, rng.uniform(30, 45), np.array([CANVAS / 2, CANVAS / 2])):
+            draw.line(wobbly(line, rng, 0.5), fill=255, width=width)
     return np.asarray(canvas) / 255.0
 
 
-def halftones(rng: np.random.Generator) -> np.ndarray:
-    """A smooth random picture printed as a halftone, 64 pixels a side: a screen of dots (on a grid 4 to 8 pixels
-    apart, turned by any angle, each dot as large as the picture is dark there) or a line screen (parallel lines
-    as thick as the picture is dark)."""
-    tone = smooth_noise(rng, (FIELD, FIELD), rng.uniform(4, 10))
-    y, x = np.mgrid[0:FIELD, 0:FIELD].astype(np.float64)
-    pitch, angle = rng.uniform(4, 8), rng.uniform(0, np.pi / 2)
-    u = (x * np.cos(angle) + y * np.sin(angle)) / pitch
-    v = (-x * np.sin(angle) + y * np.cos(angle)) / pitch
+def plaids(rng: np.random.Generator) -> np.ndarray:
+    """A woven plaid, 64 pixels a side: the same sequence of 3 to 7 bands of several widths and shades across and
+    down, each crossing the mean of its two bands, and half the time a fine twill of diagonal threads."""
+    widths = rng.integers(2, 12, int(rng.integers(3, 8)))
+    shades = rng.uniform(0, 1, len(widths))
+    stripe = np.resize(np.repeat(shades, widths), FIELD)
+    stripe = np.roll(stripe, int(rng.integers(FIELD)))
+    cloth = (stripe[:, None] + stripe[None, :]) / 2
     if rng.integers(2):
-        distance = np.hypot(u - np.round(u), v - np.round(v))
-        return (distance < 0.5 * np.sqrt(tone)).astype(np.float64)
-    return (np.abs(u - np.round(u)) < 0.5 * tone).astype(np.float64)
+        y, x = np.mgrid[0:FIELD, 0:FIELD]
+        cloth = cloth * np.where((x + y) % 4 < 2, 1.0, 0.8)
+    return cloth
 
 
-def glitches(rng: np.random.Generator) -> np.ndarray:
-    """Corrupt image data, 32 to 128 pixels a side: random bytes whose rows get stuck (each row repeats the one
-    above it with probability one half), a blurred noise posterized to 2 to 4 gray levels, or blurred noise torn
-    into horizontal bands shifted against each other."""
-    side = int(rng.integers(32, 129))
-    kind = rng.integers(3)
-    if kind == 0:
-        rows = rng.integers(0, 256, (side, side)).astype(np.float64) / 255.0
-        for r in range(1, side):
-            if rng.integers(2):
-                rows[r] = rows[r - 1]
-        return rows
-    field = smooth_noise(rng, (side, side), rng.uniform(1.5, 4))
-    if kind == 1:
-        levels = int(rng.integers(2, 5))
-        return np.floor(field * levels).clip(0, levels - 1) / (levels - 1)
-    cuts = np.sort(rng.integers(1, side, int(rng.integers(3, 9))))
-    for band in np.split(np.arange(side), cuts):
-        field[band] = np.roll(field[band], int(rng.integers(-side // 3, side // 3)), axis=1)
-    return field
+BAYER = np.array([[0, 8, 2, 10], [12, 4, 14, 6], [3, 11, 1, 9], [15, 7, 13, 5]]) / 16 + 1 / 32
 
 
-def fills(rng: np.random.Generator) -> np.ndarray:
-    """A flat fill of one gray level at any aspect ratio, from a square to a strip of 1:10 (8 to 200 pixels a side),
-    as a paint program saves an empty canvas."""
-    short, ratio = int(rng.integers(8, 64)), rng.uniform(1, 10)
-    sides = [short, min(200, int(short * ratio))]
-    rng.shuffle(sides)
-    return np.full(tuple(sides), rng.uniform(0, 1))
+def dithers(rng: np.random.Generator) -> np.ndarray:
+    """A smooth random picture reduced to black and white by ordered dithering (a 4 by 4 Bayer matrix, each of its
+    cells 1 to 3 pixels), 32 to 96 pixels a side: the cross-hatched grain of a one-bit image."""
+    side = int(rng.integers(32, 97))
+    tone = smooth_noise(rng, (side, side), rng.uniform(3, 12))
+    cell = int(rng.integers(1, 4))
+    matrix = np.kron(BAYER, np.ones((cell, cell)))
+    reps = -(-side // len(matrix))
+    return (tone > np.tile(matrix, (reps, reps))[:side, :side]).astype(np.float64)
 
 
-def show_through(rng: np.random.Generator) -> np.ndarray:
-    """An empty page whose back shows through (80 to 140 pixels a side): rows of faint, blurred, word-sized blobs, at
-    5 to 25% of full contrast."""
+def checkerboards(rng: np.random.Generator) -> np.ndarray:
+    """An empty canvas as an image editor shows transparency: a checkerboard of light squares (4 to 16 pixels) of
+    two shades 3% to 20% of full contrast apart, 48 to 160 pixels a side."""
+    h, w = (int(v) for v in rng.integers(48, 161, 2))
+    square = int(rng.integers(4, 17))
+    y, x = np.mgrid[0:h, 0:w]
+    light = rng.uniform(0.8, 1.0)
+    return np.where((x // square + y // square) % 2 == 0, light, light - rng.uniform(0.03, 0.2))
+
+
+def wiped_boards(rng: np.random.Generator) -> np.ndarray:
+    """A whiteboard wiped clean, 80 to 140 pixels a side: the ghost of 3 to 8 words of erased writing (looping
+    strokes across the board), smeared by the wipe and at 5% to 20% of full contrast."""
     h, w = (int(v) for v in rng.integers(80, 141, 2))
     canvas = Image.new("L", (w, h), 0)
     draw = ImageDraw.Draw(canvas)
-    gap = rng.uniform(9, 16)
-    for top in np.arange(rng.uniform(4, 12), h - 8, gap):
-        x = rng.uniform(4, 14)
-        while x < w - 10:
-            length = rng.uniform(6, 30)
-            draw.rectangle([x, top, min(x + length, w - 4), top + gap * 0.45], fill=255)
-            x += length + rng.uniform(3, 8)
-    page = np.asarray(canvas.filter(ImageFilter.GaussianBlur(rng.uniform(1.5, 3))), np.float64) / 255.0
-    return page * rng.uniform(0.05, 0.25)
+    for _ in range(int(rng.integers(3, 9))):
+        start = rng.uniform([0.05 * w, 0.1 * h], [0.6 * w, 0.9 * h])
+        length = rng.uniform(0.15, 0.4) * w
+        t = np.linspace(0, 1, 40)
+        loops = rng.uniform(2, 5)
+        x = start[0] + t * length + 0.03 * w * np.sin(2 * np.pi * loops * t)
+        y = start[1] + 0.05 * h * np.cos(2 * np.pi * loops * t) * rng.uniform(0.5, 1.5)
+        draw.line(list(zip(x.tolist(), y.tolist(), strict=True)), fill=255, width=int(rng.integers(2, 5)))
+    board = np.asarray(canvas.filter(ImageFilter.GaussianBlur(rng.uniform(1.5, 3.5))), np.float64) / 255.0
+    return board * rng.uniform(0.05, 0.2)

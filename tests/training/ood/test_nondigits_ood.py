@@ -18,7 +18,7 @@ from service.runtime.ood import FEATURE_TAILS, FeatureReference, OODCalibration
 from tests.conftest import write_mnist_dir
 from training.ood import calibrate as ood
 from training.ood import fitted as ood_fitted
-from training.ood import nondigits, shapes, unseen
+from training.ood import nondigits, pictures, shapes, unseen
 from training.ood.nondigits import FONT_PACKAGE, NONDIGIT_SETS, FontMissing, font_paths, make_set
 
 
@@ -44,7 +44,7 @@ def test_sets_are_seeded_and_deterministic(name: str) -> None:
     assert a.shape == (6, 1, 28, 28) and a.dtype == np.float32
     assert a.min() >= 0.0 and a.max() <= 1.0
     np.testing.assert_array_equal(a, make_set(name, 6, seed=3))
-    if name not in ("blank", "pages", "lit_pages", "vignettes", "paper"):  # blank pages of any gray become zeros
+    if name not in ("blank", "pages", "lit_pages", "vignettes", "paper", "fills"):  # blank pages become zeros
         assert not np.array_equal(a, make_set(name, 6, seed=4))
 
 
@@ -165,14 +165,14 @@ def test_a_font_without_a_glyph_is_not_drawn_with_it() -> None:
 
 def test_the_reported_sets_share_no_font_character_or_generator_with_any_other_role() -> None:
     """The test sets are held out by construction: another role using one of their fonts or generators fails here."""
-    others = {*nondigits.FIT_FONTS, *nondigits.SCRIPT_FIT_FONTS, *nondigits.VALIDATION_FONTS,
+    others = {*nondigits.FIT_FONTS, *nondigits.SCRIPT_FIT_FONTS, *nondigits.WORLD_FONTS, *nondigits.VALIDATION_FONTS,
               *nondigits.VALIDATION_HANDWRITING, *nondigits.CONFIRMATION_FONTS,
               *nondigits.CONFIRMATION_HANDWRITING}  # fmt: skip
     assert not (set(nondigits.TEST_FONTS) | set(nondigits.SCRIPT_FONTS)) & others
     assert not set(nondigits.CONFIRMATION_FONTS + nondigits.CONFIRMATION_HANDWRITING) & (
         set(nondigits.FIT_FONTS) | set(nondigits.VALIDATION_FONTS) | set(nondigits.VALIDATION_HANDWRITING)
     )
-    assert not set(nondigits.SCRIPTS) & set(nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE)
+    assert not set(nondigits.SCRIPTS) & set(nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE + nondigits.SCRIPTS_WORLD)
     shape_sets = [v for v in nondigits.TEST_SETS.values() if getattr(v, "__module__", "") == unseen.__name__]
     assert len(shape_sets) == 6
     for role in ("fit", "validation", "confirmation"):
@@ -184,12 +184,16 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "OIlSZBGosbgqzιϑθбчЧБвоОзЗוןlιรวงอฮธลจዐገረरटठडढदاوهمعغرزدذ"
         "ইঈউঊঋএঐওঔঙঠডঢণতবর" "கஉஊஙசஎஏஒஓர" "ខចទនរវ" "一二三十"  # Bengali, Tamil, Khmer, CJK
         "ԳԶԾՁՅՉՋՏՑՕՖգզլծձճշչջցւօֆ" "ბგვზმნპშწჰ" "ઉઊઘઙચટઠડઢપયરવ"  # Armenian, Georgian, Gujarati
+        "ఎఒ" "ᎦᎧᎴᎶᎺᎼᎾᏀᏃᏄᏆᏋᏎᏏᏓᏕᏚᏜᏧᏩᏫᏭᏮᏰᏳᏴ" "ཅཉཏཐདཞཤཧ"  # Telugu, Cherokee, Tibetan
+        "අඌඑචථදඵවෆ" "ഋഒടഠദറ" "ຂຈດຣລອຮ" "ਓਕਙਡਤਪਲੜ" "ଓଠ" "ᐊᑫᑲᒉᒣᔦᔭᕋᕗ" "ⴰⵏⵔⵖⵚⵛⵢ" "ܕܙܝܨܪ" "ꔇꔎꔏꔒꔓꔡꔢ"
     )  # fmt: skip
     digits = set(
         "٠١٢٣٤٥٦٧٨٩۰۱۲۳۴۵۶۷۸۹๐๑๒๓๔๕๖๗๘๙०१२३४५६७८९፩፪፫፬፭፮፯፰፱"  # Arabic, Persian, Thai, Devanagari, Ethiopic
         "০১২৩৪৫৬৭৮৯௦௧௨௩௪௫௬௭௮௯០១២៣៤៥៦៧៨៩૦૧૨૩૪૫૬૭૮૯"  # Bengali, Tamil, Khmer, Gujarati
+        "౦౧౨౩౪౫౬౭౮౯༠༡༢༣༤༥༦༧༨༩൦൧൨൩൪൫൬൭൮൯໐໑໒໓໔໕໖໗໘໙੦੧੨੩੪੫੬੭੮੯୦୧୨୩୪୫୬୭୮୯꧐꧑꧒꧓꧔꧕꧖꧗꧘꧙꘠꘡꘢꘣꘤꘥꘦꘧꘨꘩"
     )  # fmt: skip
-    drawn = nondigits.LETTERS + nondigits.SCRIPTS + nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE + nondigits.SYMBOLS
+    drawn = (nondigits.LETTERS + nondigits.SCRIPTS + nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE
+             + nondigits.SCRIPTS_WORLD + nondigits.SYMBOLS)
     assert not (twins | digits) & set(drawn)
 
 
@@ -198,8 +202,9 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
     [shapes.pen_strokes, shapes.doodles, shapes.cells, shapes.field_noise, shapes.dust, shapes.brush_strokes,
      shapes.spirographs, shapes.masonry, shapes.block_noise, shapes.sensor_noise, shapes.nib_strokes, shapes.knots,
      shapes.weaves, shapes.scan_noise, shapes.stains, shapes.marks, shapes.sketches, shapes.tilings, shapes.codec_noise,
-     shapes.notebook, unseen.signatures, unseen.figures, unseen.halftones, unseen.glitches, unseen.fills,
-     unseen.show_through],
+     shapes.notebook, pictures.signatures, pictures.figures, pictures.halftones, pictures.glitches, pictures.fills,
+     pictures.show_through, unseen.zigzags, unseen.hatching, unseen.plaids, unseen.dithers, unseen.checkerboards,
+     unseen.wiped_boards],
 )  # fmt: skip
 def test_the_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
     for seed in range(20):
@@ -228,22 +233,45 @@ def test_unevenly_lit_blank_pages_become_all_zeros(
 
 
 def test_flat_fills_of_any_aspect_ratio_become_all_zeros() -> None:
-    assert not make_set("blank", 8, seed=0, role="test").any()
-    fills = [unseen.fills(np.random.default_rng(s)) for s in range(20)]
+    assert not make_set("fills", 8, seed=0, role="fit").any()
+    fills = [pictures.fills(np.random.default_rng(s)) for s in range(20)]
     assert all(f.min() == f.max() and min(f.shape) >= 8 and max(f.shape) <= 200 for f in fills)
     assert max(max(f.shape) / min(f.shape) for f in fills) > 3
 
 
 def test_show_through_is_faint() -> None:
     """The back of a page shows through at no more than a quarter of full contrast, often below the contrast floor."""
-    pages = [unseen.show_through(np.random.default_rng(s)) for s in range(20)]
+    pages = [pictures.show_through(np.random.default_rng(s)) for s in range(20)]
     assert all(0 < p.max() <= 0.25 for p in pages)
-    images = make_set("near_blank", 20, seed=0, role="test")
+    images = make_set("show_through", 20, seed=0, role="fit")
     assert 0 < sum(bool(i.any()) for i in images) < 20
 
 
+def test_checkerboards_and_wiped_boards_are_light_or_faint() -> None:
+    """An editor's transparency squares differ by at most a fifth of full contrast; a wiped board's ghost is at most a
+    fifth as dark as ink: some of each reach the model as an empty page, the others as faint marks."""
+    boards = [unseen.checkerboards(np.random.default_rng(s)) for s in range(20)]
+    assert all(0.03 - 1e-9 <= b.max() - b.min() <= 0.2 + 1e-9 and b.min() >= 0.6 for b in boards)
+    assert len({b.shape for b in boards}) > 1
+    ghosts = [unseen.wiped_boards(np.random.default_rng(s)) for s in range(20)]
+    assert all(0 < g.max() <= 0.2 for g in ghosts)
+    for name in ("blank", "near_blank"):
+        images = make_set(name, 20, seed=0, role="test")
+        assert 0 < sum(bool(i.any()) for i in images) < 20, name
+
+
+def test_dithers_are_one_bit_and_plaids_repeat_their_bands() -> None:
+    for seed in range(10):
+        dots = unseen.dithers(np.random.default_rng(seed))
+        assert set(np.unique(dots)) <= {0.0, 1.0} and 0 < dots.mean() < 1
+        cloth = unseen.plaids(np.random.default_rng(seed))
+        assert cloth.shape == (64, 64)
+        assert np.allclose(cloth, cloth.T)  # the same bands across and down (the twill's diagonals too)
+        assert 0 <= cloth.min() < cloth.max() <= 1
+
+
 def test_every_font_of_every_role_names_its_debian_package() -> None:
-    fonts = [*nondigits.FIT_FONTS, *nondigits.VALIDATION_FONTS, *nondigits.VALIDATION_HANDWRITING,
+    fonts = [*nondigits.FIT_FONTS, *nondigits.WORLD_FONTS, *nondigits.VALIDATION_FONTS, *nondigits.VALIDATION_HANDWRITING,
              *nondigits.TEST_FONTS, *nondigits.SCRIPT_FONTS, *nondigits.SCRIPT_FIT_FONTS, *nondigits.CONFIRMATION_FONTS,
              *nondigits.CONFIRMATION_HANDWRITING]  # fmt: skip
     assert [f for f in fonts if nondigits.package_of(f) == "?"] == []

@@ -1,0 +1,130 @@
+"""Fitting non-digits drawn as pictures: signatures, outlined figures, halftones, corrupt image data, flat fills
+and show-through pages (`training.ood.nondigits.NONDIGIT_SETS`).
+
+Each generator is its own kind of image, not a variant of another: signatures (a pen that loops as it writes),
+outlined figures (polygons and boxes, never a circle, which is a 0), halftone screens, corrupt image data, flat
+fills of any aspect ratio and pages with show-through from their back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+from training.ood.shapes import CANVAS, FIELD, smooth_noise, turn_lines, wobbly
+
+
+def signatures(rng: np.random.Generator) -> np.ndarray:
+    """A signature's scrawl: a pen moving right while it loops (a prolate trochoid of 3 to 7 loops, each of its own
+    height), slanted, sometimes with an underline flourish; 2 to 7 pixels wide on a 112 canvas."""
+    loops = int(rng.integers(3, 8))
+    t = np.linspace(0, 2 * np.pi * loops, 60 * loops)
+    heights = np.repeat(rng.uniform(0.5, 1.4, loops), 60)
+    x = t / (2 * np.pi * loops) * 2 - 1 + 0.12 * np.sin(t) * rng.uniform(0.5, 1.5)
+    y = -heights * 0.35 * np.cos(t) * rng.uniform(0.6, 1.0) + np.cumsum(rng.normal(0, 0.004, t.size))
+    slant = rng.uniform(-0.4, 0.4)
+    lines = [np.stack([x + slant * y, y], axis=1)]
+    if rng.integers(2):
+        lines.append(np.array([[-0.9, 0.55], [0.0, 0.5 + rng.uniform(0, 0.1)], [1.0, 0.45]]))
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    width = int(rng.integers(2, 8))
+    placed = turn_lines(lines, rng.uniform(-0.3, 0.3), rng.uniform(35, 50), np.array([CANVAS / 2, CANVAS / 2]))
+    for line in placed:
+        draw.line(wobbly(line, rng, 0.3), fill=255, width=width, joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def _figure(kind: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """The lines of an outlined figure in a unit box: a triangle, a square, a diamond, a pentagon or hexagon, a
+    ticked box, two overlapping rectangles, or a square inside a square."""
+    if kind in (0, 3):
+        n = 3 if kind == 0 else int(rng.integers(5, 7))
+        a = -np.pi / 2 + 2 * np.pi * np.arange(n + 1) / n
+        return [np.stack([np.cos(a), np.sin(a)], axis=1) * 0.95]
+    square = np.array([[-1.0, -1.0], [1.0, -1.0], [1.0, 1.0], [-1.0, 1.0], [-1.0, -1.0]]) * 0.85
+    if kind == 1:
+        return [square * [1.0, rng.uniform(0.6, 1.0)]]
+    if kind == 2:
+        return [np.array([[0.0, -1.0], [0.7, 0.0], [0.0, 1.0], [-0.7, 0.0], [0.0, -1.0]])]
+    if kind == 4:
+        return [square, np.array([[-0.5, 0.0], [-0.1, 0.45], [0.6, -0.55]])]
+    if kind == 5:
+        return [square * [0.8, 0.5] + [-0.2, -0.25], square * [0.6, 0.55] + [0.3, 0.3]]
+    return [square, square * 0.45]
+
+
+def figures(rng: np.random.Generator) -> np.ndarray:
+    """One or two outlined figures drawn by hand (`_figure`), 3 to 9 pixels wide on a 112 canvas."""
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(canvas)
+    for _ in range(rng.integers(1, 3)):
+        width = int(rng.integers(3, 10))
+        lines = turn_lines(_figure(int(rng.integers(7)), rng), rng.uniform(-0.5, 0.5), rng.uniform(20, 42),
+                           rng.uniform(40, CANVAS - 40, 2))  # fmt: skip
+        for line in lines:
+            draw.line(wobbly(line, rng, 0.4), fill=255, width=width, joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def halftones(rng: np.random.Generator) -> np.ndarray:
+    """A smooth random picture printed as a halftone, 64 pixels a side: a screen of dots (on a grid 4 to 8 pixels
+    apart, turned by any angle, each dot as large as the picture is dark there) or a line screen (parallel lines
+    as thick as the picture is dark)."""
+    tone = smooth_noise(rng, (FIELD, FIELD), rng.uniform(4, 10))
+    y, x = np.mgrid[0:FIELD, 0:FIELD].astype(np.float64)
+    pitch, angle = rng.uniform(4, 8), rng.uniform(0, np.pi / 2)
+    u = (x * np.cos(angle) + y * np.sin(angle)) / pitch
+    v = (-x * np.sin(angle) + y * np.cos(angle)) / pitch
+    if rng.integers(2):
+        distance = np.hypot(u - np.round(u), v - np.round(v))
+        return (distance < 0.5 * np.sqrt(tone)).astype(np.float64)
+    return (np.abs(u - np.round(u)) < 0.5 * tone).astype(np.float64)
+
+
+def glitches(rng: np.random.Generator) -> np.ndarray:
+    """Corrupt image data, 32 to 128 pixels a side: random bytes whose rows get stuck (each row repeats the one
+    above it with probability one half), a blurred noise posterized to 2 to 4 gray levels, or blurred noise torn
+    into horizontal bands shifted against each other."""
+    side = int(rng.integers(32, 129))
+    kind = rng.integers(3)
+    if kind == 0:
+        rows = rng.integers(0, 256, (side, side)).astype(np.float64) / 255.0
+        for r in range(1, side):
+            if rng.integers(2):
+                rows[r] = rows[r - 1]
+        return rows
+    field = smooth_noise(rng, (side, side), rng.uniform(1.5, 4))
+    if kind == 1:
+        levels = int(rng.integers(2, 5))
+        return np.floor(field * levels).clip(0, levels - 1) / (levels - 1)
+    cuts = np.sort(rng.integers(1, side, int(rng.integers(3, 9))))
+    for band in np.split(np.arange(side), cuts):
+        field[band] = np.roll(field[band], int(rng.integers(-side // 3, side // 3)), axis=1)
+    return field
+
+
+def fills(rng: np.random.Generator) -> np.ndarray:
+    """A flat fill of one gray level at any aspect ratio, from a square to a strip of 1:10 (8 to 200 pixels a side),
+    as a paint program saves an empty canvas."""
+    short, ratio = int(rng.integers(8, 64)), rng.uniform(1, 10)
+    sides = [short, min(200, int(short * ratio))]
+    rng.shuffle(sides)
+    return np.full(tuple(sides), rng.uniform(0, 1))
+
+
+def show_through(rng: np.random.Generator) -> np.ndarray:
+    """An empty page whose back shows through (80 to 140 pixels a side): rows of faint, blurred, word-sized blobs, at
+    5 to 25% of full contrast."""
+    h, w = (int(v) for v in rng.integers(80, 141, 2))
+    canvas = Image.new("L", (w, h), 0)
+    draw = ImageDraw.Draw(canvas)
+    gap = rng.uniform(9, 16)
+    for top in np.arange(rng.uniform(4, 12), h - 8, gap):
+        x = rng.uniform(4, 14)
+        while x < w - 10:
+            length = rng.uniform(6, 30)
+            draw.rectangle([x, top, min(x + length, w - 4), top + gap * 0.45], fill=255)
+            x += length + rng.uniform(3, 8)
+    page = np.asarray(canvas.filter(ImageFilter.GaussianBlur(rng.uniform(1.5, 3))), np.float64) / 255.0
+    return page * rng.uniform(0.05, 0.25)
