@@ -142,14 +142,14 @@ WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalap
     "truetype/noto/NotoSansTifinagh-Regular.ttf", "truetype/noto/NotoSansSyriac-Regular.ttf",
     "truetype/noto/NotoSansJavanese-Regular.ttf", "truetype/noto/NotoSansVai-Regular.ttf",
 )  # fmt: skip
-TEST_FONTS = (  # typefaces no other role uses; the last three are handwriting-like (a hand, a bold script, an
+TEST_FONTS = (  # typefaces no other role uses; the last three are handwriting-like (two hands and an
     # italic script)
-    "truetype/paratype/PTS55F.ttf", "truetype/paratype/PTF55F.ttf", "truetype/hack/Hack-Regular.ttf",
-    "truetype/jetbrains-mono/JetBrainsMono-Regular.ttf", "truetype/doulos/DoulosSIL-Regular.ttf",
-    "truetype/adf/VeranaSans-Regular.otf", "truetype/adf/LibrisADFStd-Regular.otf",
+    "truetype/paratype/PTS55F.ttf", "truetype/paratype/PTF55F.ttf", "truetype/anonymous-pro/Anonymous Pro.ttf",
+    "truetype/jetbrains-mono/JetBrainsMono-Regular.ttf", "truetype/adf/BerenisADFPro-Regular.otf",
+    "opentype/radisnoir/RadisSans-medium.otf", "truetype/adf/LibrisADFStd-Regular.otf",
     "truetype/adf/OldaniaADFStd-Regular.otf", "opentype/play/Play-Regular.otf", "truetype/inconsolata/Inconsolata.otf",
     "opentype/gemunu-libre/GemunuLibre-Regular.otf", "truetype/dustin/Domestic_Manners.ttf",
-    "opentype/lobster/lobster.otf", "truetype/adf/RomandeADFScriptStd-Italic.otf",
+    "truetype/dustin/El_Abogado_Loco.ttf", "truetype/adf/RomandeADFScriptStd-Italic.otf",
 )  # fmt: skip
 SCRIPT_FONTS = (  # Telugu (Noto, Gurajada, Ramabhadra), Cherokee (Noto), Tibetan (Noto, DDC Uchen, Tibetan Machine)
     "truetype/noto/NotoSansTelugu-Regular.ttf", "truetype/noto/NotoSerifTelugu-Regular.ttf",
@@ -202,11 +202,12 @@ FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name i
     "noto": "fonts-noto-core", "fantasque-sans": "fonts-fantasque-sans", "levien": "fonts-levien-typoscript",
     "YOzRN_.ttf": "fonts-yozvox-yozfont-new-kana", "YOzBEF.ttf": "fonts-yozvox-yozfont-edu",
     "fonts-bpg-georgian": "fonts-bpg-georgian", "lohit-gujarati": "fonts-lohit-gujr", "fonts-kalapi": "fonts-kalapi",
-    "samyak-fonts": "fonts-samyak-gujr", "paratype": "fonts-paratype", "hack": "fonts-hack",
-    "jetbrains-mono": "fonts-jetbrains-mono", "doulos": "fonts-sil-doulos", "VeranaSans-Regular.otf": "fonts-adf-verana",
+    "samyak-fonts": "fonts-samyak-gujr", "paratype": "fonts-paratype", "anonymous-pro": "fonts-anonymous-pro",
+    "jetbrains-mono": "fonts-jetbrains-mono", "BerenisADFPro-Regular.otf": "fonts-adf-berenis",
+    "radisnoir": "fonts-radisnoir",
     "LibrisADFStd-Regular.otf": "fonts-adf-libris", "OldaniaADFStd-Regular.otf": "fonts-adf-oldania",
     "RomandeADFScriptStd-Italic.otf": "fonts-adf-romande", "play": "fonts-play", "inconsolata": "fonts-inconsolata",
-    "gemunu-libre": "fonts-gemunu-libre", "dustin": "fonts-dustin", "lobster": "fonts-lobster",
+    "gemunu-libre": "fonts-gemunu-libre", "dustin": "fonts-dustin",
     "teluguvijayam": "fonts-teluguvijayam", "tibetan": "fonts-ddc-uchen", "tibetan-machine": "fonts-tibetan-machine",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
