@@ -16,8 +16,8 @@ from training.ood.shapes import CANVAS, FIELD, smooth_noise, turn_lines, wobbly
 
 
 def zigzags(rng: np.random.Generator) -> np.ndarray:
-    """A zigzag drawn in one go: 4 to 9 sharp turns between two wavering edges, each leg of its own height, as a pen
-    is tried out or a word crossed out; turned by any angle up to 40 degrees, 2 to 7 pixels wide on a 112 canvas."""
+    """A zigzag drawn in one go: 4 to 9 legs with sharp turns between two wavering edges, each of its own height,
+    as a pen is tried out or a word crossed out; turned by up to 40 degrees, 2 to 7 pixels wide on a 112 canvas."""
     turns = int(rng.integers(4, 10))
     x = np.linspace(-1, 1, turns + 1) + rng.normal(0, 0.03, turns + 1)
     y = np.where(np.arange(turns + 1) % 2 == 0, -1.0, 1.0) * rng.uniform(0.25, 0.6, turns + 1)

@@ -192,8 +192,14 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "০১২৩৪৫৬৭৮৯௦௧௨௩௪௫௬௭௮௯០១២៣៤៥៦៧៨៩૦૧૨૩૪૫૬૭૮૯"  # Bengali, Tamil, Khmer, Gujarati
         "౦౧౨౩౪౫౬౭౮౯༠༡༢༣༤༥༦༧༨༩൦൧൨൩൪൫൬൭൮൯໐໑໒໓໔໕໖໗໘໙੦੧੨੩੪੫੬੭੮੯୦୧୨୩୪୫୬୭୮୯꧐꧑꧒꧓꧔꧕꧖꧗꧘꧙꘠꘡꘢꘣꘤꘥꘦꘧꘨꘩"
     )  # fmt: skip
-    drawn = (nondigits.LETTERS + nondigits.SCRIPTS + nondigits.SCRIPTS_FIT + nondigits.SCRIPTS_MORE
-             + nondigits.SCRIPTS_WORLD + nondigits.SYMBOLS)
+    drawn = (
+        nondigits.LETTERS
+        + nondigits.SCRIPTS
+        + nondigits.SCRIPTS_FIT
+        + nondigits.SCRIPTS_MORE
+        + nondigits.SCRIPTS_WORLD
+        + nondigits.SYMBOLS
+    )
     assert not (twins | digits) & set(drawn)
 
 
@@ -271,8 +277,9 @@ def test_dithers_are_one_bit_and_plaids_repeat_their_bands() -> None:
 
 
 def test_every_font_of_every_role_names_its_debian_package() -> None:
-    fonts = [*nondigits.FIT_FONTS, *nondigits.WORLD_FONTS, *nondigits.VALIDATION_FONTS, *nondigits.VALIDATION_HANDWRITING,
-             *nondigits.TEST_FONTS, *nondigits.SCRIPT_FONTS, *nondigits.SCRIPT_FIT_FONTS, *nondigits.CONFIRMATION_FONTS,
+    fonts = [*nondigits.FIT_FONTS, *nondigits.WORLD_FONTS, *nondigits.VALIDATION_FONTS,
+             *nondigits.VALIDATION_HANDWRITING, *nondigits.TEST_FONTS, *nondigits.SCRIPT_FONTS,
+             *nondigits.SCRIPT_FIT_FONTS, *nondigits.CONFIRMATION_FONTS,
              *nondigits.CONFIRMATION_HANDWRITING]  # fmt: skip
     assert [f for f in fonts if nondigits.package_of(f) == "?"] == []
     assert nondigits.package_of("truetype/tlwg/Loma.ttf") == "fonts-tlwg-loma-ttf"
