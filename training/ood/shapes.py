@@ -15,6 +15,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 CANVAS = 112  # side of the drawing canvas for strokes and letters
 FIELD = 64  # side of the blank, near-blank and texture canvases
+BAYER = np.array([[0, 8, 2, 10], [12, 4, 14, 6], [3, 11, 1, 9], [15, 7, 13, 5]]) / 16 + 1 / 32  # ordered dither
 
 
 def uniform(rng: np.random.Generator) -> np.ndarray:
@@ -391,8 +392,7 @@ def scan_noise(rng: np.random.Generator) -> np.ndarray:
     if kind == 1:
         rows = rng.uniform(0, 1, (side, 1))
         return np.clip(rows + rng.normal(0, 0.03, (side, side)), 0, 1)
-    bayer = np.array([[0, 8, 2, 10], [12, 4, 14, 6], [3, 11, 1, 9], [15, 7, 13, 5]]) / 16 + 1 / 32
-    return (rng.uniform(0.15, 0.85) > np.tile(bayer, (side // 4 + 1, side // 4 + 1))[:side, :side]).astype(np.float64)
+    return (rng.uniform(0.15, 0.85) > np.tile(BAYER, (side // 4 + 1, side // 4 + 1))[:side, :side]).astype(np.float64)
 
 
 def vignettes(rng: np.random.Generator) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from training.ood.shapes import CANVAS, FIELD, smooth_noise, turn_lines, wobbly
+from training.ood.shapes import BAYER, CANVAS, FIELD, smooth_noise, turn_lines, wobbly
 
 
 def zigzags(rng: np.random.Generator) -> np.ndarray:
@@ -60,9 +60,6 @@ def plaids(rng: np.random.Generator) -> np.ndarray:
         y, x = np.mgrid[0:FIELD, 0:FIELD]
         cloth = cloth * np.where((x + y) % 4 < 2, 1.0, 0.8)
     return cloth
-
-
-BAYER = np.array([[0, 8, 2, 10], [12, 4, 14, 6], [3, 11, 1, 9], [15, 7, 13, 5]]) / 16 + 1 / 32
 
 
 def dithers(rng: np.random.Generator) -> np.ndarray:
