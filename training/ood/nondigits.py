@@ -35,6 +35,7 @@ VARIED_FONT_FILES = (  # and fonts-dejavu-extra: the other faces of the same fam
 )  # fmt: skip
 VARIED_FONT_PACKAGE = "fonts-dejavu-extra"
 LETTERS = "ACDEFHJKLMNPQRTUVWXYacdefhijkmnprtuvwxy"  # no glyph twins of digits
+HARD_LETTERS = "ADHJLQacfhijty"  # those the version 5 cards took for digits most often (read as 1, 0 or 4)
 SYMBOLS = "+−×÷=%#@&*?<>~^"  # no bars, slashes or brackets: after cropping they are ones
 SCRIPTS_FIT = (  # Greek, Cyrillic and Hebrew letters; no digit twins
     "ξζηκνρστυГИЙКУЦЭгийкуцэשאמצםαβγλμπφχψωΓΔΛΞΠΣΦΨΩжфшщыюяЖФШЩЫЮЯдлпגדהכלנעפקרת"
@@ -46,20 +47,23 @@ SCRIPTS_MORE = (  # Thai, Hangul, Ethiopic, Devanagari, Arabic, Bengali, Tamil, 
     "漢字語書読電鳥森林学校海空雪風花草島館様識議護響驚龍鬱門問間黒線"
 )  # fmt: skip
 SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurmukhi, Oriya, Canadian syllabics,
-    # Tifinagh, Syriac, Javanese and Vai: fitting only; no twins (nor letters the version 5 card took for digits)
+    # Tifinagh, Syriac, Javanese and Vai (without the letters the version 5 card took for digits); Telugu, Cherokee
+    # and Tibetan: fitting only; no twins
     "ԱԲԴԵԷԸԹԺԻԼԽԿՀՂՃՄՆՇՈՊՌՍՎՐՒՓՔաբդեէըթժիխկհղմյնոպռսվտրփք" "ადეთიკლოჟრსტუფქღყჩცძჭხჯ"
     "અઆઇઈઋઍકખગછજઝઞણતથદધનફબભમલળશષસહ" "ආඇඈඉඊඋඒඔඕකඛගඝඞඡජඣඤටඨඩඪණතධනපබභමයරලශෂසහළ"
     "അആഇഈഉഊഎഏഐഓഔകഖഗഘങചഛജഝഞഡഢണതഥധനപഫബഭമയരലളഴവശഷസഹ" "ກຄງຊຍຕຖທນບປຜຝພຟມຢວສຫ"
     "ਅਆਇਈਉਊਏਐਔਖਗਘਚਛਜਝਞਟਠਢਣਥਦਧਨਫਬਭਮਯਰਵਸ਼ਸਹ" "ଅଆଇଈଉଊଋଏଐଔକଖଗଘଙଚଛଜଝଞଟଡଢଣତଥଦଧନପଫବଭମଯରଲଳଶଷସହ"
     "ᐁᐃᐄᐅᐯᐱᐳᐸᑌᑎᑐᑕᑭᑯᒋᒍᒐᒥᒧᒪᓀᓂᓄᓇᓭᓯᓱᓴᔨᔪᕃᕆᕈᕓᕕᕙᖃᖅᖏ" "ⴱⴳⴷⴹⴻⴼⴽⵀⵃⵄⵅⵇⵉⵊⵍⵎⵓⵕⵙⵜⵟⵡⵣⵥ" "ܐܒܓܗܘܚܛܟܠܡܢܣܥܦܩܫܬ"
     "ꦄꦅꦆꦇꦈꦉꦊꦋꦌꦍꦎꦏꦐꦑꦒꦓꦔꦕꦖꦗꦘꦙꦚꦛꦜꦝꦞꦟꦠꦡꦢꦣꦤꦥꦦꦧꦨꦩꦪꦫꦬꦭꦮꦯꦰꦱꦲ" "ꔀꔁꔂꔃꔄꔅꔆꔈꔉꔊꔋꔌꔍꔐꔑꔔꔕꔖꔗꔘꔙꔚꔛꔜꔝꔞꔟꔠꔣꔤꔥꔦꔧꔨꔩ"
-)  # fmt: skip
-SCRIPTS = (  # Telugu, Cherokee and Tibetan letters the fitting never draws; no digit twins
     "అఆఇఈఉఊఋఏఐఓఔకఖగఘఙచఛజఝఞటఠడఢణతథదధనపఫబభమయరఱలళవశషసహ"
     "ᎠᎡᎢᎣᎤᎥᎨᎩᎪᎫᎬᎭᎮᎯᎰᎱᎲᎳᎵᎷᎸᎹᎻᎽᎿᏁᏂᏅᏇᏈᏉᏊᏌᏍᏐᏑᏒᏔᏖᏗᏘᏙᏛᏝᏞᏟᏠᏡᏢᏣᏤᏥᏦᏨᏪᏬᏯᏱᏲ" "ཀཁགངཆཇནཔཕབམཙཚཛཝཟའཡརལསཨ"
 )  # fmt: skip
+SCRIPTS = (  # Yi, Ol Chiki and Meetei Mayek letters the fitting never draws; no digit twins
+    "ꀀꀓꁌꁟꁲꂅꂘꂫꂾꃑꃤꃷꄊꄝꄰꅃꅖꅩꅼꆏꆢꆵꇈꇛꇮꈁꈺꉳꊆꊬꊿꋥꋸꌋꌞꌱꍄꍪꍽꎐꎣꎶꏜꏯꐂꐕꐨꐻꑎꑡꑴꒇ"
+    "ᱞᱡᱢᱤᱥᱦᱫᱬᱴᱶ" "ꯀꯁꯂꯃꯄꯅꯆꯇꯈꯉꯊꯋꯌꯍꯎꯏꯐꯑꯒꯓꯗꯘꯙꯚ"
+)  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
-FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 40 families more (10 handwriting-like)
+FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 54 families more (13 handwriting-like)
     "truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeMono.ttf",
     "truetype/freefont/FreeSansBold.ttf", "truetype/freefont/FreeSerifItalic.ttf",
     "truetype/humor-sans/Humor-Sans.ttf", "opentype/comic-neue/ComicNeue-Regular.otf",
@@ -107,6 +111,13 @@ FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 40 
     "opentype/junction/Junction.otf", "opentype/didot/GFSDidot.otf", "truetype/noto/NotoSerif-Regular.ttf",
     "truetype/noto/NotoSerif-Italic.ttf", "opentype/fantasque-sans/LargeLineHeight/OTF/FantasqueSansMono-Regular.otf",
     "opentype/levien/TypoScript.otf", "truetype/yozvox-yozfont/YOzRN_.ttf", "truetype/yozvox-yozfont/YOzBEF.ttf",
+
+    "truetype/paratype/PTS55F.ttf", "truetype/paratype/PTF55F.ttf", "truetype/anonymous-pro/Anonymous Pro.ttf",
+    "truetype/jetbrains-mono/JetBrainsMono-Regular.ttf", "truetype/adf/BerenisADFPro-Regular.otf",
+    "opentype/radisnoir/RadisSans-medium.otf", "truetype/adf/LibrisADFStd-Regular.otf",
+    "truetype/adf/OldaniaADFStd-Regular.otf", "opentype/play/Play-Regular.otf", "truetype/inconsolata/Inconsolata.otf",
+    "opentype/gemunu-libre/GemunuLibre-Regular.otf", "truetype/dustin/Domestic_Manners.ttf",
+    "truetype/dustin/El_Abogado_Loco.ttf", "truetype/adf/RomandeADFScriptStd-Italic.otf",
 )  # fmt: skip
 SCRIPT_FIT_FONTS = (  # Thai, Korean, Ethiopic, Devanagari, Arabic; Bengali, Tamil, Khmer and Chinese
     "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
@@ -128,8 +139,8 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
     "truetype/tomsontalks/TomsonTalks.ttf",
     "opentype/urw-base35/Z003-MediumItalic.otf",
 )
-WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalapi, Samyak); the other scripts of
-    # SCRIPTS_WORLD in Noto
+WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalapi, Samyak), Telugu (Noto,
+    # Gurajada, Ramabhadra), Tibetan (Noto, DDC Uchen, Tibetan Machine); the other scripts of SCRIPTS_WORLD in Noto
     "truetype/noto/NotoSansArmenian-Regular.ttf", "truetype/noto/NotoSerifArmenian-Regular.ttf",
     "truetype/noto/NotoSansGeorgian-Regular.ttf", "truetype/fonts-bpg-georgian/BPG_Glaho_GPL&GNU.ttf",
     "truetype/fonts-bpg-georgian/BPG_Ingiri_GPL&GNU.ttf", "truetype/lohit-gujarati/Lohit-Gujarati.ttf",
@@ -141,21 +152,24 @@ WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalap
     "truetype/noto/NotoSansOriya-Regular.ttf", "truetype/noto/NotoSansCanadianAboriginal-Regular.ttf",
     "truetype/noto/NotoSansTifinagh-Regular.ttf", "truetype/noto/NotoSansSyriac-Regular.ttf",
     "truetype/noto/NotoSansJavanese-Regular.ttf", "truetype/noto/NotoSansVai-Regular.ttf",
-)  # fmt: skip
-TEST_FONTS = (  # typefaces no other role uses; the last three are handwriting-like (two hands and an
-    # italic script)
-    "truetype/paratype/PTS55F.ttf", "truetype/paratype/PTF55F.ttf", "truetype/anonymous-pro/Anonymous Pro.ttf",
-    "truetype/jetbrains-mono/JetBrainsMono-Regular.ttf", "truetype/adf/BerenisADFPro-Regular.otf",
-    "opentype/radisnoir/RadisSans-medium.otf", "truetype/adf/LibrisADFStd-Regular.otf",
-    "truetype/adf/OldaniaADFStd-Regular.otf", "opentype/play/Play-Regular.otf", "truetype/inconsolata/Inconsolata.otf",
-    "opentype/gemunu-libre/GemunuLibre-Regular.otf", "truetype/dustin/Domestic_Manners.ttf",
-    "truetype/dustin/El_Abogado_Loco.ttf", "truetype/adf/RomandeADFScriptStd-Italic.otf",
-)  # fmt: skip
-SCRIPT_FONTS = (  # Telugu (Noto, Gurajada, Ramabhadra), Cherokee (Noto), Tibetan (Noto, DDC Uchen, Tibetan Machine)
     "truetype/noto/NotoSansTelugu-Regular.ttf", "truetype/noto/NotoSerifTelugu-Regular.ttf",
     "truetype/teluguvijayam/Gurajada.ttf", "truetype/teluguvijayam/ramabhadra.ttf",
     "truetype/noto/NotoSansCherokee-Regular.ttf", "truetype/noto/NotoSerifTibetan-Regular.ttf",
     "truetype/tibetan/DDC_Uchen.ttf", "truetype/tibetan-machine/TibetanMachineUni.ttf",
+)  # fmt: skip
+TEST_FONTS = (  # typefaces no other role uses; the last three are handwriting-like (a Japanese longhand and two
+    # brush hands)
+    "truetype/hermit/Hermit-medium.otf", "opentype/b612/B612-Regular.otf", "truetype/cardo/Cardo104s.ttf",
+    "opentype/mplus/Mplus1-Regular.otf", "truetype/oxygen/Oxygen-Sans.ttf", "truetype/monoid/Monoid-Regular.ttf",
+    "truetype/agave/agave-r-autohinted.ttf", "opentype/sora/Sora-Regular.otf",
+    "truetype/gnutypewriter/GNUTypewriter.ttf", "truetype/klaudia-berenika/Berenika.ttf",
+    "truetype/klaudia-berenika/Klaudia-Bold.ttf", "truetype/kiloji/kiloji.ttf",
+    "truetype/kouzan-mouhitsu/kouzan-mouhitsu.ttf", "truetype/aoyagi-soseki/aoyagi-soseki.ttf",
+)  # fmt: skip
+SCRIPT_FONTS = (  # Yi (Nuosu SIL, Noto), Ol Chiki (Uniol, Noto), Meetei Mayek (Eeyek, Noto)
+    "truetype/nuosusil/NuosuSIL-Regular.ttf", "truetype/noto/NotoSansYi-Regular.ttf", "truetype/uniol/Uniol.ttf",
+    "truetype/noto/NotoSansOlChiki-Regular.ttf", "truetype/eeyek/Eeyek-Regular.ttf",
+    "truetype/noto/NotoSansMeeteiMayek-Regular.ttf",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -209,6 +223,11 @@ FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name i
     "RomandeADFScriptStd-Italic.otf": "fonts-adf-romande", "play": "fonts-play", "inconsolata": "fonts-inconsolata",
     "gemunu-libre": "fonts-gemunu-libre", "dustin": "fonts-dustin",
     "teluguvijayam": "fonts-teluguvijayam", "tibetan": "fonts-ddc-uchen", "tibetan-machine": "fonts-tibetan-machine",
+    "hermit": "fonts-hermit", "b612": "fonts-b612", "cardo": "fonts-cardo", "mplus": "fonts-mplus",
+    "oxygen": "fonts-oxygen", "monoid": "fonts-monoid", "agave": "fonts-agave", "sora": "fonts-sora",
+    "gnutypewriter": "fonts-gnutypewriter", "klaudia-berenika": "fonts-klaudia-berenika", "kiloji": "fonts-kiloji",
+    "kouzan-mouhitsu": "fonts-kouzan-mouhitsu", "aoyagi-soseki": "fonts-aoyagi-soseki",
+    "nuosusil": "fonts-sil-nuosusil", "uniol": "fonts-uniol", "eeyek": "fonts-eeyek",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -393,6 +412,14 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "glitches": pictures.glitches,
     "fills": pictures.fills,
     "show_through": pictures.show_through,
+    "zigzags": pictures.zigzags,
+    "hatching": pictures.hatching,
+    "plaids": pictures.plaids,
+    "dithers": pictures.dithers,
+    "checkerboards": pictures.checkerboards,
+    "wiped_boards": pictures.wiped_boards,
+    "typeset_letters": _fonts_set(LETTERS, FIT_FONTS),  # as typeset, turned by up to 10 degrees, as uploads come
+    "hard_letters": _fonts_set(HARD_LETTERS, FIT_FONTS, "varied"),
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
@@ -408,12 +435,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": unseen.zigzags,
-    "scribbles": unseen.hatching,
-    "textures": unseen.plaids,
-    "noise": unseen.dithers,
-    "blank": unseen.checkerboards,
-    "near_blank": unseen.wiped_boards,
+    "strokes": unseen.waves,
+    "scribbles": unseen.staves,
+    "textures": unseen.terrazzo,
+    "noise": unseen.fax_noise,
+    "blank": unseen.empty_windows,
+    "near_blank": unseen.stamps,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

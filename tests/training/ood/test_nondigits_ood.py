@@ -185,12 +185,14 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "ইঈউঊঋএঐওঔঙঠডঢণতবর" "கஉஊஙசஎஏஒஓர" "ខចទនរវ" "一二三十"  # Bengali, Tamil, Khmer, CJK
         "ԳԶԾՁՅՉՋՏՑՕՖգզլծձճշչջցւօֆ" "ბგვზმნპშწჰ" "ઉઊઘઙચટઠડઢપયરવ"  # Armenian, Georgian, Gujarati
         "ఎఒ" "ᎦᎧᎴᎶᎺᎼᎾᏀᏃᏄᏆᏋᏎᏏᏓᏕᏚᏜᏧᏩᏫᏭᏮᏰᏳᏴ" "ཅཉཏཐདཞཤཧ"  # Telugu, Cherokee, Tibetan
+        "ꀦꀹꈔꈧꉠꉍꊙꋒꍗꏉᱚᱛᱜᱝᱟᱠᱣᱧᱨᱩᱪᱭᱮᱯᱰᱱᱲᱳᱵᱷꯔꯕꯖ"  # Yi, Ol Chiki, Meetei Mayek
         "අඌඑචථදඵවෆ" "ഋഒടഠദറ" "ຂຈດຣລອຮ" "ਓਕਙਡਤਪਲੜ" "ଓଠ" "ᐊᑫᑲᒉᒣᔦᔭᕋᕗ" "ⴰⵏⵔⵖⵚⵛⵢ" "ܕܙܝܨܪ" "ꔇꔎꔏꔒꔓꔡꔢ"
     )  # fmt: skip
     digits = set(
         "٠١٢٣٤٥٦٧٨٩۰۱۲۳۴۵۶۷۸۹๐๑๒๓๔๕๖๗๘๙०१२३४५६७८९፩፪፫፬፭፮፯፰፱"  # Arabic, Persian, Thai, Devanagari, Ethiopic
         "০১২৩৪৫৬৭৮৯௦௧௨௩௪௫௬௭௮௯០១២៣៤៥៦៧៨៩૦૧૨૩૪૫૬૭૮૯"  # Bengali, Tamil, Khmer, Gujarati
         "౦౧౨౩౪౫౬౭౮౯༠༡༢༣༤༥༦༧༨༩൦൧൨൩൪൫൬൭൮൯໐໑໒໓໔໕໖໗໘໙੦੧੨੩੪੫੬੭੮੯୦୧୨୩୪୫୬୭୮୯꧐꧑꧒꧓꧔꧕꧖꧗꧘꧙꘠꘡꘢꘣꘤꘥꘦꘧꘨꘩"
+        "᱐᱑᱒᱓᱔᱕᱖᱗᱘᱙꯰꯱꯲꯳꯴꯵꯶꯷꯸꯹"  # Ol Chiki, Meetei Mayek
     )  # fmt: skip
     drawn = (
         nondigits.LETTERS
@@ -209,8 +211,9 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
      shapes.spirographs, shapes.masonry, shapes.block_noise, shapes.sensor_noise, shapes.nib_strokes, shapes.knots,
      shapes.weaves, shapes.scan_noise, shapes.stains, shapes.marks, shapes.sketches, shapes.tilings, shapes.codec_noise,
      shapes.notebook, pictures.signatures, pictures.figures, pictures.halftones, pictures.glitches, pictures.fills,
-     pictures.show_through, unseen.zigzags, unseen.hatching, unseen.plaids, unseen.dithers, unseen.checkerboards,
-     unseen.wiped_boards],
+     pictures.show_through, pictures.zigzags, pictures.hatching, pictures.plaids, pictures.dithers,
+     pictures.checkerboards, pictures.wiped_boards, unseen.waves, unseen.staves, unseen.terrazzo, unseen.fax_noise,
+     unseen.empty_windows, unseen.stamps],
 )  # fmt: skip
 def test_the_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
     for seed in range(20):
@@ -256,21 +259,45 @@ def test_show_through_is_faint() -> None:
 def test_checkerboards_and_wiped_boards_are_light_or_faint() -> None:
     """An editor's transparency squares differ by at most a fifth of full contrast; a wiped board's ghost is at most a
     fifth as dark as ink: some of each reach the model as an empty page, the others as faint marks."""
-    boards = [unseen.checkerboards(np.random.default_rng(s)) for s in range(20)]
+    boards = [pictures.checkerboards(np.random.default_rng(s)) for s in range(20)]
     assert all(0.03 - 1e-9 <= b.max() - b.min() <= 0.2 + 1e-9 and b.min() >= 0.6 for b in boards)
     assert len({b.shape for b in boards}) > 1
-    ghosts = [unseen.wiped_boards(np.random.default_rng(s)) for s in range(20)]
+    ghosts = [pictures.wiped_boards(np.random.default_rng(s)) for s in range(20)]
     assert all(0 < g.max() <= 0.2 for g in ghosts)
+    for name in ("checkerboards", "wiped_boards"):
+        images = make_set(name, 20, seed=0, role="fit")
+        assert 0 < sum(bool(i.any()) for i in images) < 20, name
+
+
+def test_empty_windows_and_stamps_are_light_or_faint() -> None:
+    """A blank dialog's border and title bar differ from its pane by at most 15% of full contrast, a stamp's imprint
+    is at most a fifth as dark as ink: some of each reach the model as an empty page, the others as faint marks."""
+    windows = [unseen.empty_windows(np.random.default_rng(s)) for s in range(20)]
+    assert all(0.02 - 1e-9 <= w.max() - w.min() <= 0.15 + 1e-9 and w.min() >= 0.65 for w in windows)
+    assert len({w.shape for w in windows}) > 1
+    imprints = [unseen.stamps(np.random.default_rng(s)) for s in range(20)]
+    assert all(0 < s.max() <= 0.2 for s in imprints)
     for name in ("blank", "near_blank"):
         images = make_set(name, 20, seed=0, role="test")
         assert 0 < sum(bool(i.any()) for i in images) < 20, name
 
 
+def test_fax_noise_is_one_bit_in_runs_and_terrazzo_is_a_field_of_chips() -> None:
+    for seed in range(10):
+        fax = unseen.fax_noise(np.random.default_rng(seed))
+        assert set(np.unique(fax)) <= {0.0, 1.0} and 0 < fax.mean() < 1
+        assert min(fax.shape) >= 40 and max(fax.shape) <= 120
+        changes = np.count_nonzero(np.diff(fax, axis=1))
+        assert changes < fax.size / 2 + 1  # runs, not pixel noise: on average at least 2 pixels long
+        stone = unseen.terrazzo(np.random.default_rng(seed))
+        assert stone.shape == (64, 64) and len(np.unique(stone)) > 10
+
+
 def test_dithers_are_one_bit_and_plaids_repeat_their_bands() -> None:
     for seed in range(10):
-        dots = unseen.dithers(np.random.default_rng(seed))
+        dots = pictures.dithers(np.random.default_rng(seed))
         assert set(np.unique(dots)) <= {0.0, 1.0} and 0 < dots.mean() < 1
-        cloth = unseen.plaids(np.random.default_rng(seed))
+        cloth = pictures.plaids(np.random.default_rng(seed))
         assert cloth.shape == (64, 64)
         assert np.allclose(cloth, cloth.T)  # the same bands across and down (the twill's diagonals too)
         assert 0 <= cloth.min() < cloth.max() <= 1
