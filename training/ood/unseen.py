@@ -69,7 +69,7 @@ def fax_noise(rng: np.random.Generator) -> np.ndarray:
     2 to 12 pixels), and rows printed twice or three times when the line rate slips."""
     h, w = (int(v) for v in rng.integers(40, 121, 2))
     mean = rng.uniform(2, 12)
-    rows = []
+    rows: list[np.ndarray] = []
     while len(rows) < h:
         runs = rng.geometric(1 / mean, w)
         row = np.repeat(np.arange(len(runs)) % 2, runs)[:w] ^ int(rng.integers(2))
