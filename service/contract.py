@@ -44,14 +44,12 @@ from service.runtime.model_dir import (
 from service.runtime.ood import (
     FEATURE_TAILS,
     GAUSSIAN_FEATURES,
-    VECTOR_INPUTS,
     ClassGaussian,
     OODCalibration,
-    PatternNetwork,
-    capsule_vector,
     image_features,
     one_blas_thread,
 )
+from service.runtime.ood_pattern import VECTOR_INPUTS, PatternNetwork, capsule_vector
 
 __all__ = [
     "CARD_FILE",

@@ -21,7 +21,8 @@ import numpy as np
 import onnxruntime as ort
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from service.runtime.ood import OODCalibration, vector_width
+from service.runtime.ood import OODCalibration
+from service.runtime.ood_pattern import vector_width
 
 logger = logging.getLogger(__name__)
 

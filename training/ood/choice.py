@@ -5,9 +5,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 CHOICE_MARGIN = 0.01  # worst-set shares this close to the best (about one standard error at 1,000 images) tie
 TARGET_ACCEPTANCE = 0.99  # of unseen digits, the flag's promise
 TIGHTER = (0.1, 0.2)  # percentile points a threshold may come down by to keep the previous score's accuracy
+VETO_SHARE = 0.001  # the misread veto refuses readings whose margin is at most that of this share of unseen digits
+VETO_LIFT = 1.0  # a vetoed image scores at least this far above the threshold
+
+
+def veto_cut(scores: np.ndarray) -> float:
+    """The margin (winning minus runner-up score) at the VETO_SHARE quantile of digits' scores (N, K)."""
+    ranked = np.sort(scores.astype(np.float64), axis=1)
+    return float(np.quantile(ranked[:, -1] - ranked[:, -2], VETO_SHARE))
+
+
+def threshold_with_veto(scores: np.ndarray, vetoed: np.ndarray, q: float) -> float | None:
+    """The threshold at which `q` percent of validation digits are accepted when the `vetoed` ones are refused
+    whatever their score; None when the veto alone refuses more than 100 - q percent."""
+    if vetoed.mean() * 100 > 100 - q:
+        return None
+    return float(np.percentile(np.where(vetoed, scores.max() + VETO_LIFT, scores), q))
 
 
 def choose(candidates: dict[str, Any]) -> str:
@@ -22,19 +40,21 @@ def choose_guarded(candidates: dict[str, Any], accuracy: float | None) -> tuple[
     """(candidate, percentile): among the candidates within CHOICE_MARGIN of the best worst-set share (at their own
     percentile), `choose` those whose accepted validation digits are read as accurately as `accuracy` (the previous
     score's) or more, at the loosest threshold that does so (their own percentile, else a `tighter` one); with no
-    `accuracy`, or none reaching it, `choose` at their own. The guard never trades a detector for a weaker one."""
+    `accuracy`, or none reaching it, `choose` at their own. Only when no strong candidate keeps the accuracy at any
+    threshold does the guard look at the weaker ones, in the same way: the promise of accuracy comes first."""
     own = max(c["percentile"] for c in candidates.values())
     if accuracy is None:
         return choose(candidates), own
     best = max(c["worst_rejected"] for c in candidates.values())
     strong = {k: c for k, c in candidates.items() if c["worst_rejected"] >= best - CHOICE_MARGIN}
-    options = sorted({own} | {float(q) for c in strong.values() for q in c.get("tighter", {})}, reverse=True)
-    for q in options:
-        at_q = {}
-        for label, c in strong.items():
-            row = c if c["percentile"] == q else c.get("tighter", {}).get(f"{q:g}")
-            if row is not None and (row["digits"]["accuracy_accepted"] or 0.0) >= accuracy:
-                at_q[label] = {"features": c["features"], **row}
-        if at_q:
-            return choose(at_q), q
+    for pool in (strong, candidates):
+        options = sorted({own} | {float(q) for c in pool.values() for q in c.get("tighter", {})}, reverse=True)
+        for q in options:
+            at_q = {}
+            for label, c in pool.items():
+                row = c if c["percentile"] == q else c.get("tighter", {}).get(f"{q:g}")
+                if row is not None and (row["digits"]["accuracy_accepted"] or 0.0) >= accuracy:
+                    at_q[label] = {"features": c["features"], **row}
+            if at_q:
+                return choose(at_q), q
     return choose(candidates), own

@@ -37,7 +37,15 @@ from service.contract import (
     write_card,
 )
 from training.data.mnist import load_split, to_float
-from training.ood.choice import TARGET_ACCEPTANCE, TIGHTER, choose_guarded
+from training.ood.choice import (
+    TARGET_ACCEPTANCE,
+    TIGHTER,
+    VETO_LIFT,
+    VETO_SHARE,
+    choose_guarded,
+    threshold_with_veto,
+    veto_cut,
+)
 from training.ood.network import HIDDEN, fit_network
 from training.ood.nondigits import ROLES, make_set, rotated_digits
 
@@ -441,28 +449,43 @@ def fit_and_evaluate(
     val_sets = {**nondigits("validation", per_set), **turned(test, val_idx, f"test-{validation}-validation")}
     val_description = f"{validation} MNIST test digits drawn at random (seed {seed}) as the validation"
 
-    def at_percentile(ood: dict[str, Any], q: float, val_scores: np.ndarray) -> dict[str, Any]:
-        ood = {**ood, "threshold": float(np.percentile(val_scores, q))}
+    def at_percentile(ood: dict[str, Any], q: float, val_scores: np.ndarray) -> dict[str, Any] | None:
+        """The validation figures at the q-th percentile (None when a veto alone refuses more digits)."""
+        if "veto" not in ood:
+            ood = {**ood, "threshold": float(np.percentile(val_scores, q))}
+        elif (threshold := threshold_with_veto(val_scores, val_vetoed, q)) is not None:
+            ood = {**ood, "threshold": threshold, "veto": {**ood["veto"], "score": threshold + VETO_LIFT}}
+        else:
+            return None
         result = evaluate_sets(OODCalibration.from_card(ood), val, val_sets)
         shares = [r["rejected"] for r in result["sets"].values()]
+        veto = {"veto": ood["veto"]} if "veto" in ood else {}
         return {"worst_rejected": round(min(shares), 3), "mean_rejected": round(float(np.mean(shares)), 4),
-                "threshold": ood["threshold"], **result}  # fmt: skip
+                "threshold": ood["threshold"], **veto, **result}  # fmt: skip
 
     old_val = evaluate_sets(OODCalibration.from_card(previous), val, val_sets) if previous is not None else None
     tighter = [round(percentile - step, 6) for step in TIGHTER if percentile - step > 100 * TARGET_ACCEPTANCE]
     fitted: dict[str, dict[str, Any]] = {}
     candidates: dict[str, Any] = {}
+    cut = veto_cut(combiner_digits[0]["scores"])
+    ranked = np.sort(val[0]["scores"].astype(np.float64), axis=1)
+    val_vetoed = ranked[:, -1] - ranked[:, -2] <= cut
+    veto = {"feature": "margin", "at_most": cut, "score": None,
+            "rule": f"the {VETO_SHARE:.1%} quantile of the margins of {combiner_description}"}  # fmt: skip
     for label, names in CANDIDATES.items():
         names = available(names, ref[0])
-        ood = fit_detector((*ref, ref_description), combiner_digits, list(fit_sets.values()), names, network)
-        val_scores = scores_of(OODCalibration.from_card(ood), val[0], val[1])
-        row = at_percentile(ood, percentile, val_scores)
-        candidates[label] = {"features": list(names), "percentile": percentile, **row,
-                             "tighter": {f"{q:g}": at_percentile(ood, q, val_scores) for q in tighter}}  # fmt: skip
-        fitted[label] = ood
-        progress(f"candidate {label!r}: validation non-digits rejected {row['worst_rejected']:.1%} (worst set), "
-                 f"{row['mean_rejected']:.1%} (mean); accepted digits read right "
-                 f"{row['digits']['accuracy_accepted'] or 0.0:.2%}")  # fmt: skip
+        plain = fit_detector((*ref, ref_description), combiner_digits, list(fit_sets.values()), names, network)
+        val_scores = scores_of(OODCalibration.from_card(plain), val[0], val[1])
+        for name, ood in ((label, plain), (f"{label}, misread veto", {**plain, "veto": veto})):
+            if ("veto" in ood and "margin" not in names) or (row := at_percentile(ood, percentile, val_scores)) is None:
+                continue
+            rows = {f"{q:g}": at_percentile(ood, q, val_scores) for q in tighter}
+            candidates[name] = {"features": list(names), "percentile": percentile, **row,
+                                "tighter": {q: r for q, r in rows.items() if r is not None}}  # fmt: skip
+            fitted[name] = ood
+            progress(f"candidate {name!r}: validation non-digits rejected {row['worst_rejected']:.1%} (worst set), "
+                     f"{row['mean_rejected']:.1%} (mean); accepted digits read right "
+                     f"{row['digits']['accuracy_accepted'] or 0.0:.2%}")  # fmt: skip
     guard = old_val["digits"]["accuracy_accepted"] if old_val is not None else None
     label, chosen_percentile = choose_guarded(candidates, guard)
     ood = fitted[label]
@@ -470,6 +493,8 @@ def fit_and_evaluate(
     if chosen_percentile != percentile:
         chosen_row = chosen_row["tighter"][f"{chosen_percentile:g}"]
     ood["threshold"] = chosen_row["threshold"]
+    if "veto" in chosen_row:
+        ood["veto"] = chosen_row["veto"]
     ood["threshold_rule"] = f"the {chosen_percentile:g}th percentile of the scores of {val_description}"
     validation_report: dict[str, Any] = {"candidates": candidates, "percentile": chosen_percentile}
     if old_val is not None:
@@ -497,6 +522,7 @@ def fit_and_evaluate(
         "combiner": ood["combiner"],
         "threshold": ood["threshold"],
         "threshold_rule": ood["threshold_rule"],
+        "veto": ood.get("veto"),
         "reference": ref_description,
         "mnist_test_digits": f"{len(test_idx)} MNIST test digits: those not drawn (seed {seed}) for the network "
         f"({combiner}) or the validation ({validation})",

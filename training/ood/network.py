@@ -1,7 +1,8 @@
 """The `pattern` network of the "not a digit" score: a small perceptron fitted by outlier exposure.
 
-It reads `service.runtime.ood.capsule_vector` (every capsule's length and pose, ink, reconstruction distance) and
-learns to tell MNIST digits from the fitting non-digits (Hendrycks et al. 2019), each side weighing half. The
+It reads `service.runtime.ood_pattern.capsule_vector` (every capsule's length and pose, ink, reconstruction
+distance) and learns to tell MNIST digits from the fitting non-digits (Hendrycks et al. 2019), each side weighing
+half. The
 card stores it as plain numbers (`PatternNetwork.from_card`), so the service runs it in numpy without torch.
 """
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.runtime.ood import FEATURE_TAILS, ClassGaussian, OODCalibration, OODPart, image_features
+from service.runtime.ood import FEATURE_TAILS, ClassGaussian, OODCalibration, OODPart, Veto, image_features
 
 K, D = 3, 4
 
@@ -149,3 +149,56 @@ def test_a_lone_image_scores_as_in_a_batch_with_every_kind_of_feature() -> None:
         assert alone is not None and alone[0] == pytest.approx(batch[i], abs=1e-12)
     scores[0, 0] = np.nan  # not finite: the batch arithmetic decides
     assert calibration._score_one(images[:1], scores[:1], reconstruction[:1], poses[:1], explanation[:1]) is None
+
+
+def vetoed_card() -> dict[str, Any]:
+    """card_ood with the margin as a third feature and a veto on it: margins of at most 0.1 score at least 4."""
+    ood = card_ood()
+    ood["features"].append({"name": "margin", "tail": "lower", "values": [0.0, 0.3, 1.0]})
+    ood["combiner"]["weights"]["margin"] = 0.25
+    ood["veto"] = {"feature": "margin", "at_most": 0.1, "score": 4.0, "rule": "a hand-made cut"}
+    return ood
+
+
+def test_the_misread_veto_refuses_a_hardly_won_reading_and_its_margin_part_carries_the_lift() -> None:
+    calibration = OODCalibration.from_card(vetoed_card())
+    assert calibration.veto == Veto("margin", 0.1, 4.0)
+    plain = OODCalibration.from_card({k: v for k, v in vetoed_card().items() if k != "veto"})
+    rng = np.random.default_rng(3)
+    images, scores, poses = outputs(40, rng)
+    poses[:20] = np.arange(K * D, dtype=np.float32).reshape(K, D) + rng.normal(0, 0.1, (20, K, D))  # near the means
+    scores[:10, 1] = scores[:10, 0] + rng.uniform(0.0, 0.1, 10)  # class 1 wins by at most 0.1 ...
+    scores[:10, 2] = 0.0
+    scores[10:20, 1] = scores[10:20, 0] + rng.uniform(0.11, 0.2, 10)  # ... or by a little more
+    scores[10:20, 2] = 0.0
+    features = calibration.measure(images, scores, None, poses)
+    vetoed = features["margin"] <= 0.1
+    assert vetoed[:10].all() and not vetoed[10:20].any()
+    base, _ = plain.assess(images, scores, None, poses)
+    score, accepted = calibration.assess(images, scores, None, poses)
+    np.testing.assert_array_equal(score, np.where(vetoed, np.maximum(base, 4.0), base))
+    assert not accepted[vetoed].any() and (score[~vetoed] == base[~vetoed]).all()
+    assert (base[:10] < 4.0).all() and accepted[10:20].any()  # the veto lifts them: their parts alone accept some
+    for i, parts in enumerate(calibration.parts(features)):
+        assert sum(p.contribution for p in parts) - 1.0 == pytest.approx(score[i])  # the parts still add up
+        without = {p.name: p.contribution for p in plain.parts(features)[i]}
+        lift = {p.name: p.contribution - without[p.name] for p in parts}
+        assert lift["margin"] == pytest.approx(score[i] - base[i]) and lift["pose_distance"] == 0.0
+        one = slice(i, i + 1)
+        assert calibration.assess(images[one], scores[one], None, poses[one])[0][0] == pytest.approx(score[i])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda o: o["veto"].update(feature="pose_distance"), "must be one that is low away from digits"),
+        (lambda o: o["veto"].update(score=1.5), "the score above the threshold"),
+        (lambda o: o["veto"].update(at_most=float("inf")), "must be finite"),
+        (lambda o: o["veto"].update(feature="routing_share"), "must be one of the features"),
+    ],
+)
+def test_a_malformed_veto_is_refused(change: Any, message: str) -> None:
+    ood = vetoed_card()
+    change(ood)
+    with pytest.raises(ValueError, match=message):
+        OODCalibration.from_card(ood)

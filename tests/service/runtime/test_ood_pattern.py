@@ -11,14 +11,10 @@ import numpy as np
 import pytest
 
 from service.runtime.ood import (
-    RANKED,
-    VECTOR_INPUTS,
     OODCalibration,
     OODPart,
-    PatternNetwork,
-    capsule_vector,
-    vector_width,
 )
+from service.runtime.ood_pattern import RANKED, VECTOR_INPUTS, PatternNetwork, capsule_vector, vector_width
 
 K, D = 3, 4
 

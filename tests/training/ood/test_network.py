@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.runtime.ood import PatternNetwork
+from service.runtime.ood_pattern import PatternNetwork
 from training.ood.fitted import auroc
 from training.ood.network import fit_network
 
