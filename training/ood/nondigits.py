@@ -7,7 +7,7 @@ another stream: `capsnet-train --exposure`); `VALIDATION_SETS` choose the detect
 once and share no font, generator or letter of another script with any other role (the shapes of `training.ood.unseen`);
 `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`). docs/not-a-digit.md lists them. Glyph
 twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav; Thai ro and o ang; Arabic
-waw, ha and mim; Devanagari ra and da, ...) are in no set, and a
+waw, ha and mim; Devanagari ra and da; Myanmar wa and da, ...) are in no set, and a
 character is drawn only in the fonts that have its glyph.
 """
 
@@ -47,8 +47,8 @@ SCRIPTS_MORE = (  # Thai, Hangul, Ethiopic, Devanagari, Arabic, Bengali, Tamil, 
     "漢字語書読電鳥森林学校海空雪風花草島館様識議護響驚龍鬱門問間黒線"
 )  # fmt: skip
 SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurmukhi, Oriya, Canadian syllabics,
-    # Tifinagh, Syriac, Javanese and Vai (without the letters the version 5 card took for digits); Telugu, Cherokee
-    # and Tibetan: fitting only; no twins
+    # Tifinagh, Syriac, Javanese and Vai (without the letters the version 5 card took for digits); Telugu, Cherokee,
+    # Tibetan, Yi, Ol Chiki and Meetei Mayek: fitting only; no twins
     "ԱԲԴԵԷԸԹԺԻԼԽԿՀՂՃՄՆՇՈՊՌՍՎՐՒՓՔաբդեէըթժիխկհղմյնոպռսվտրփք" "ადეთიკლოჟრსტუფქღყჩცძჭხჯ"
     "અઆઇઈઋઍકખગછજઝઞણતથદધનફબભમલળશષસહ" "ආඇඈඉඊඋඒඔඕකඛගඝඞඡජඣඤටඨඩඪණතධනපබභමයරලශෂසහළ"
     "അആഇഈഉഊഎഏഐഓഔകഖഗഘങചഛജഝഞഡഢണതഥധനപഫബഭമയരലളഴവശഷസഹ" "ກຄງຊຍຕຖທນບປຜຝພຟມຢວສຫ"
@@ -57,13 +57,14 @@ SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurm
     "ꦄꦅꦆꦇꦈꦉꦊꦋꦌꦍꦎꦏꦐꦑꦒꦓꦔꦕꦖꦗꦘꦙꦚꦛꦜꦝꦞꦟꦠꦡꦢꦣꦤꦥꦦꦧꦨꦩꦪꦫꦬꦭꦮꦯꦰꦱꦲ" "ꔀꔁꔂꔃꔄꔅꔆꔈꔉꔊꔋꔌꔍꔐꔑꔔꔕꔖꔗꔘꔙꔚꔛꔜꔝꔞꔟꔠꔣꔤꔥꔦꔧꔨꔩ"
     "అఆఇఈఉఊఋఏఐఓఔకఖగఘఙచఛజఝఞటఠడఢణతథదధనపఫబభమయరఱలళవశషసహ"
     "ᎠᎡᎢᎣᎤᎥᎨᎩᎪᎫᎬᎭᎮᎯᎰᎱᎲᎳᎵᎷᎸᎹᎻᎽᎿᏁᏂᏅᏇᏈᏉᏊᏌᏍᏐᏑᏒᏔᏖᏗᏘᏙᏛᏝᏞᏟᏠᏡᏢᏣᏤᏥᏦᏨᏪᏬᏯᏱᏲ" "ཀཁགངཆཇནཔཕབམཙཚཛཝཟའཡརལསཨ"
-)  # fmt: skip
-SCRIPTS = (  # Yi, Ol Chiki and Meetei Mayek letters the fitting never draws; no digit twins
     "ꀀꀓꁌꁟꁲꂅꂘꂫꂾꃑꃤꃷꄊꄝꄰꅃꅖꅩꅼꆏꆢꆵꇈꇛꇮꈁꈺꉳꊆꊬꊿꋥꋸꌋꌞꌱꍄꍪꍽꎐꎣꎶꏜꏯꐂꐕꐨꐻꑎꑡꑴꒇ"
     "ᱞᱡᱢᱤᱥᱦᱫᱬᱴᱶ" "ꯀꯁꯂꯃꯄꯅꯆꯇꯈꯉꯊꯋꯌꯍꯎꯏꯐꯑꯒꯓꯗꯘꯙꯚ"
 )  # fmt: skip
+SCRIPTS = (  # Myanmar, Lepcha and Tai Viet (its low-tone letters) letters the fitting never draws; no digit twins
+    "ကဂဃငဆဈညဋဎဏတပဖဗဘမယလသဟအ" "ᰀᰂᰃᰄᰇᰉᰋᰐᰑᰔᰕᰖᰗᰘᰙᰜᰝᰞᰠᰢ" "ꪀꪂꪄꪈꪊꪌꪎꪐꪒꪔꪘꪚꪜꪞꪠꪢꪦꪨꪪꪬ"
+)  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
-FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 54 families more (13 handwriting-like)
+FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 68 families more (16 handwriting-like)
     "truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeMono.ttf",
     "truetype/freefont/FreeSansBold.ttf", "truetype/freefont/FreeSerifItalic.ttf",
     "truetype/humor-sans/Humor-Sans.ttf", "opentype/comic-neue/ComicNeue-Regular.otf",
@@ -118,6 +119,13 @@ FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 54 
     "truetype/adf/OldaniaADFStd-Regular.otf", "opentype/play/Play-Regular.otf", "truetype/inconsolata/Inconsolata.otf",
     "opentype/gemunu-libre/GemunuLibre-Regular.otf", "truetype/dustin/Domestic_Manners.ttf",
     "truetype/dustin/El_Abogado_Loco.ttf", "truetype/adf/RomandeADFScriptStd-Italic.otf",
+
+    "truetype/hermit/Hermit-medium.otf", "opentype/b612/B612-Regular.otf", "truetype/cardo/Cardo104s.ttf",
+    "opentype/mplus/Mplus1-Regular.otf", "truetype/oxygen/Oxygen-Sans.ttf", "truetype/monoid/Monoid-Regular.ttf",
+    "truetype/agave/agave-r-autohinted.ttf", "opentype/sora/Sora-Regular.otf",
+    "truetype/gnutypewriter/GNUTypewriter.ttf", "truetype/klaudia-berenika/Berenika.ttf",
+    "truetype/klaudia-berenika/Klaudia-Bold.ttf", "truetype/kiloji/kiloji.ttf",
+    "truetype/kouzan-mouhitsu/kouzan-mouhitsu.ttf", "truetype/aoyagi-soseki/aoyagi-soseki.ttf",
 )  # fmt: skip
 SCRIPT_FIT_FONTS = (  # Thai, Korean, Ethiopic, Devanagari, Arabic; Bengali, Tamil, Khmer and Chinese
     "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
@@ -140,7 +148,8 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
     "opentype/urw-base35/Z003-MediumItalic.otf",
 )
 WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalapi, Samyak), Telugu (Noto,
-    # Gurajada, Ramabhadra), Tibetan (Noto, DDC Uchen, Tibetan Machine); the other scripts of SCRIPTS_WORLD in Noto
+    # Gurajada, Ramabhadra), Tibetan (Noto, DDC Uchen, Tibetan Machine), Yi (Nuosu SIL, Noto), Ol Chiki (Uniol,
+    # Noto), Meetei Mayek (Eeyek, Noto); the other scripts of SCRIPTS_WORLD in Noto
     "truetype/noto/NotoSansArmenian-Regular.ttf", "truetype/noto/NotoSerifArmenian-Regular.ttf",
     "truetype/noto/NotoSansGeorgian-Regular.ttf", "truetype/fonts-bpg-georgian/BPG_Glaho_GPL&GNU.ttf",
     "truetype/fonts-bpg-georgian/BPG_Ingiri_GPL&GNU.ttf", "truetype/lohit-gujarati/Lohit-Gujarati.ttf",
@@ -156,20 +165,25 @@ WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalap
     "truetype/teluguvijayam/Gurajada.ttf", "truetype/teluguvijayam/ramabhadra.ttf",
     "truetype/noto/NotoSansCherokee-Regular.ttf", "truetype/noto/NotoSerifTibetan-Regular.ttf",
     "truetype/tibetan/DDC_Uchen.ttf", "truetype/tibetan-machine/TibetanMachineUni.ttf",
-)  # fmt: skip
-TEST_FONTS = (  # typefaces no other role uses; the last three are handwriting-like (a Japanese longhand and two
-    # brush hands)
-    "truetype/hermit/Hermit-medium.otf", "opentype/b612/B612-Regular.otf", "truetype/cardo/Cardo104s.ttf",
-    "opentype/mplus/Mplus1-Regular.otf", "truetype/oxygen/Oxygen-Sans.ttf", "truetype/monoid/Monoid-Regular.ttf",
-    "truetype/agave/agave-r-autohinted.ttf", "opentype/sora/Sora-Regular.otf",
-    "truetype/gnutypewriter/GNUTypewriter.ttf", "truetype/klaudia-berenika/Berenika.ttf",
-    "truetype/klaudia-berenika/Klaudia-Bold.ttf", "truetype/kiloji/kiloji.ttf",
-    "truetype/kouzan-mouhitsu/kouzan-mouhitsu.ttf", "truetype/aoyagi-soseki/aoyagi-soseki.ttf",
-)  # fmt: skip
-SCRIPT_FONTS = (  # Yi (Nuosu SIL, Noto), Ol Chiki (Uniol, Noto), Meetei Mayek (Eeyek, Noto)
     "truetype/nuosusil/NuosuSIL-Regular.ttf", "truetype/noto/NotoSansYi-Regular.ttf", "truetype/uniol/Uniol.ttf",
     "truetype/noto/NotoSansOlChiki-Regular.ttf", "truetype/eeyek/Eeyek-Regular.ttf",
     "truetype/noto/NotoSansMeeteiMayek-Regular.ttf",
+)  # fmt: skip
+TEST_FONTS = (  # typefaces no other role uses: sans (Clear Sans, Eurofurence, Routed Gothic), serif (Quattrocento,
+    # Arapey, Elstob, Irianis), mono (IBM 3270, Monofur), slab and display (Compagnon, Engadget); the last three are
+    # handwriting-like (a sign painter's script and two Korean hands)
+    "truetype/clear-sans/ClearSans-Regular.ttf", "truetype/eurofurence/eurof55.ttf",
+    "truetype/routed-gothic/routed-gothic.ttf", "opentype/quattrocento/Quattrocento-Regular.otf",
+    "opentype/arapey/Arapey-Regular.otf", "opentype/elstob/ElstobD-Regular.otf",
+    "truetype/adf/IrianisADFStd-Regular.otf", "truetype/3270/3270-Regular.ttf", "truetype/monofur/monof55.ttf",
+    "opentype/compagnon/Compagnon-Roman.otf", "truetype/engadget/Engadget.ttf",
+    "opentype/bajaderka/Bajaderka-Regular.otf", "truetype/woowa-bm/BMKIRANGHAERANG-TTF.ttf",
+    "truetype/woowa-bm/BMYEONSUNG_ttf.ttf",
+)  # fmt: skip
+SCRIPT_FONTS = (  # Myanmar (Padauk, Noto), Lepcha (Mingzat, Noto), Tai Viet (Tai Heritage Pro, Noto)
+    "truetype/padauk/Padauk-Regular.ttf", "truetype/noto/NotoSansMyanmar-Regular.ttf",
+    "truetype/mingzat/Mingzat-Regular.ttf", "truetype/noto/NotoSansLepcha-Regular.ttf",
+    "truetype/taiheritagepro/TaiHeritagePro-Regular.ttf", "truetype/noto/NotoSansTaiViet-Regular.ttf",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -228,6 +242,12 @@ FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name i
     "gnutypewriter": "fonts-gnutypewriter", "klaudia-berenika": "fonts-klaudia-berenika", "kiloji": "fonts-kiloji",
     "kouzan-mouhitsu": "fonts-kouzan-mouhitsu", "aoyagi-soseki": "fonts-aoyagi-soseki",
     "nuosusil": "fonts-sil-nuosusil", "uniol": "fonts-uniol", "eeyek": "fonts-eeyek",
+    "clear-sans": "fonts-clear-sans", "eurofurence": "fonts-eurofurence", "routed-gothic": "fonts-routed-gothic",
+    "quattrocento": "fonts-quattrocento", "arapey": "fonts-arapey", "elstob": "fonts-elstob",
+    "IrianisADFStd-Regular.otf": "fonts-adf-irianis", "3270": "fonts-3270", "monofur": "fonts-monofur",
+    "compagnon": "fonts-compagnon", "engadget": "fonts-engadget", "bajaderka": "fonts-bajaderka",
+    "woowa-bm": "fonts-woowa-bm", "padauk": "fonts-sil-padauk", "mingzat": "fonts-sil-mingzat",
+    "taiheritagepro": "fonts-sil-taiheritagepro",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -420,6 +440,13 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "wiped_boards": pictures.wiped_boards,
     "typeset_letters": _fonts_set(LETTERS, FIT_FONTS),  # as typeset, turned by up to 10 degrees, as uploads come
     "hard_letters": _fonts_set(HARD_LETTERS, FIT_FONTS, "varied"),
+    "waves": pictures.waves,
+    "staves": pictures.staves,
+    "terrazzo": pictures.terrazzo,
+    "fax_noise": pictures.fax_noise,
+    "empty_windows": pictures.empty_windows,
+    "stamps": pictures.stamps,
+    "solid_bars": pictures.solid_bars,
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
@@ -435,12 +462,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": unseen.waves,
-    "scribbles": unseen.staves,
-    "textures": unseen.terrazzo,
-    "noise": unseen.fax_noise,
-    "blank": unseen.empty_windows,
-    "near_blank": unseen.stamps,
+    "strokes": unseen.heartbeats,
+    "scribbles": unseen.crayons,
+    "textures": unseen.knits,
+    "noise": unseen.tv_snow,
+    "blank": unseen.folded_sheets,
+    "near_blank": unseen.crumpled,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

@@ -186,6 +186,7 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "ԳԶԾՁՅՉՋՏՑՕՖգզլծձճշչջցւօֆ" "ბგვზმნპშწჰ" "ઉઊઘઙચટઠડઢપયરવ"  # Armenian, Georgian, Gujarati
         "ఎఒ" "ᎦᎧᎴᎶᎺᎼᎾᏀᏃᏄᏆᏋᏎᏏᏓᏕᏚᏜᏧᏩᏫᏭᏮᏰᏳᏴ" "ཅཉཏཐདཞཤཧ"  # Telugu, Cherokee, Tibetan
         "ꀦꀹꈔꈧꉠꉍꊙꋒꍗꏉᱚᱛᱜᱝᱟᱠᱣᱧᱨᱩᱪᱭᱮᱯᱰᱱᱲᱳᱵᱷꯔꯕꯖ"  # Yi, Ol Chiki, Meetei Mayek
+        "ခစဇဉဌဍထဒဓနရဝဠ" "ᰁᰅᰆᰈᰊᰌᰍᰎᰏᰒᰓᰚᰛᰟᰡᰣ" "ꪅꪆꪇꪉꪋꪑꪖꪤꪥꪫꪮꪯ"  # Myanmar, Lepcha, Tai Viet
         "අඌඑචථදඵවෆ" "ഋഒടഠദറ" "ຂຈດຣລອຮ" "ਓਕਙਡਤਪਲੜ" "ଓଠ" "ᐊᑫᑲᒉᒣᔦᔭᕋᕗ" "ⴰⵏⵔⵖⵚⵛⵢ" "ܕܙܝܨܪ" "ꔇꔎꔏꔒꔓꔡꔢ"
     )  # fmt: skip
     digits = set(
@@ -193,6 +194,7 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "০১২৩৪৫৬৭৮৯௦௧௨௩௪௫௬௭௮௯០១២៣៤៥៦៧៨៩૦૧૨૩૪૫૬૭૮૯"  # Bengali, Tamil, Khmer, Gujarati
         "౦౧౨౩౪౫౬౭౮౯༠༡༢༣༤༥༦༧༨༩൦൧൨൩൪൫൬൭൮൯໐໑໒໓໔໕໖໗໘໙੦੧੨੩੪੫੬੭੮੯୦୧୨୩୪୫୬୭୮୯꧐꧑꧒꧓꧔꧕꧖꧗꧘꧙꘠꘡꘢꘣꘤꘥꘦꘧꘨꘩"
         "᱐᱑᱒᱓᱔᱕᱖᱗᱘᱙꯰꯱꯲꯳꯴꯵꯶꯷꯸꯹"  # Ol Chiki, Meetei Mayek
+        "၀၁၂၃၄၅၆၇၈၉႐႑႒႓႔႕႖႗႘႙᱀᱁᱂᱃᱄᱅᱆᱇᱈᱉"  # Myanmar, Shan, Lepcha
     )  # fmt: skip
     drawn = (
         nondigits.LETTERS
@@ -212,8 +214,9 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
      shapes.weaves, shapes.scan_noise, shapes.stains, shapes.marks, shapes.sketches, shapes.tilings, shapes.codec_noise,
      shapes.notebook, pictures.signatures, pictures.figures, pictures.halftones, pictures.glitches, pictures.fills,
      pictures.show_through, pictures.zigzags, pictures.hatching, pictures.plaids, pictures.dithers,
-     pictures.checkerboards, pictures.wiped_boards, unseen.waves, unseen.staves, unseen.terrazzo, unseen.fax_noise,
-     unseen.empty_windows, unseen.stamps],
+     pictures.checkerboards, pictures.wiped_boards, pictures.waves, pictures.staves, pictures.terrazzo,
+     pictures.fax_noise, pictures.empty_windows, pictures.stamps, pictures.solid_bars, unseen.heartbeats,
+     unseen.crayons, unseen.knits, unseen.tv_snow, unseen.folded_sheets, unseen.crumpled],
 )  # fmt: skip
 def test_the_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
     for seed in range(20):
@@ -272,24 +275,69 @@ def test_checkerboards_and_wiped_boards_are_light_or_faint() -> None:
 def test_empty_windows_and_stamps_are_light_or_faint() -> None:
     """A blank dialog's border and title bar differ from its pane by at most 15% of full contrast, a stamp's imprint
     is at most a fifth as dark as ink: some of each reach the model as an empty page, the others as faint marks."""
-    windows = [unseen.empty_windows(np.random.default_rng(s)) for s in range(20)]
+    windows = [pictures.empty_windows(np.random.default_rng(s)) for s in range(20)]
     assert all(0.02 - 1e-9 <= w.max() - w.min() <= 0.15 + 1e-9 and w.min() >= 0.65 for w in windows)
     assert len({w.shape for w in windows}) > 1
-    imprints = [unseen.stamps(np.random.default_rng(s)) for s in range(20)]
+    imprints = [pictures.stamps(np.random.default_rng(s)) for s in range(20)]
     assert all(0 < s.max() <= 0.2 for s in imprints)
+    for name in ("empty_windows", "stamps"):
+        images = make_set(name, 20, seed=0, role="fit")
+        assert 0 < sum(bool(i.any()) for i in images) < 20, name
+
+
+def test_folded_sheets_and_crumpled_pages_are_light_and_faint() -> None:
+    """A folded sheet's two faces differ by at most 15% of full contrast, a crumpled page's facets by at most a
+    quarter: some of each reach the model as an empty page, the others as a faint face or facets, never a bar."""
+    sheets = [unseen.folded_sheets(np.random.default_rng(s)) for s in range(20)]
+    assert all(0.02 - 1e-9 <= p.max() - p.min() <= 0.15 + 3 / 255 + 1e-9 and p.min() >= 0.55 for p in sheets)
+    assert all(0.74 <= p.shape[0] / p.shape[1] <= 1.34 for p in sheets) and len({p.shape for p in sheets}) > 1
+    for sheet in sheets:  # two faces: the pixels fall into two levels, each covering a sixth of the sheet or more
+        low = sheet < (sheet.min() + sheet.max()) / 2
+        assert 1 / 6 < low.mean() < 5 / 6
+    pages = [unseen.crumpled(np.random.default_rng(s)) for s in range(20)]
+    assert all(0 < p.max() - p.min() <= 0.24 + 1e-9 and p.min() >= 0.45 for p in pages)
+    assert all(len(np.unique(np.round(p, 3))) > 20 for p in pages)  # facets in many shades, not a flat page
     for name in ("blank", "near_blank"):
         images = make_set(name, 20, seed=0, role="test")
         assert 0 < sum(bool(i.any()) for i in images) < 20, name
 
 
+def test_heartbeats_are_wide_traces_with_spikes_and_crayons_fill_a_patch_with_gaps() -> None:
+    for seed in range(10):
+        trace = unseen.heartbeats(np.random.default_rng(seed))
+        rows, cols = np.nonzero(trace > 0.5)
+        assert np.ptp(cols) > 1.3 * np.ptp(rows)  # lying down, wider than high: never an upright stroke
+        ink_per_column = (trace > 0.5).sum(axis=0)
+        assert ink_per_column.max() > 3 * np.median(ink_per_column[ink_per_column > 0])  # the spikes
+        patch = unseen.crayons(np.random.default_rng(seed))
+        inked = patch > 0.5
+        assert 0.03 < inked.mean() < 0.8
+        ys, xs = np.nonzero(inked)
+        box = patch[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+        assert 0.15 < (box > 0.5).mean() < 0.85  # back-and-forth strokes broken by the grain, not a solid fill
+
+
+def test_knits_repeat_their_stitches_and_tv_snow_is_smeared_along_rows() -> None:
+    for seed in range(10):
+        cloth = unseen.knits(np.random.default_rng(seed))
+        assert cloth.shape == (64, 64) and 0 <= cloth.min() < cloth.max() <= 1
+        assert (cloth > 0.3).mean() > 0.3  # yarn over most of the field, not a few marks
+        snow = unseen.tv_snow(np.random.default_rng(seed))
+        assert min(snow.shape) >= 48 and max(snow.shape) <= 128 and snow.std() > 0.05
+        across = np.corrcoef(snow[:, :-1].ravel(), snow[:, 1:].ravel())[0, 1]  # neighbours along a row
+        down = np.corrcoef((snow[:-1] - snow[:-1].mean(1, keepdims=True)).ravel(),
+                           (snow[1:] - snow[1:].mean(1, keepdims=True)).ravel())[0, 1]  # fmt: skip
+        assert across > 0.3 and abs(down) < 0.2  # streaks along the rows, independent from row to row
+
+
 def test_fax_noise_is_one_bit_in_runs_and_terrazzo_is_a_field_of_chips() -> None:
     for seed in range(10):
-        fax = unseen.fax_noise(np.random.default_rng(seed))
+        fax = pictures.fax_noise(np.random.default_rng(seed))
         assert set(np.unique(fax)) <= {0.0, 1.0} and 0 < fax.mean() < 1
         assert min(fax.shape) >= 40 and max(fax.shape) <= 120
         changes = np.count_nonzero(np.diff(fax, axis=1))
         assert changes < fax.size / 2 + 1  # runs, not pixel noise: on average at least 2 pixels long
-        stone = unseen.terrazzo(np.random.default_rng(seed))
+        stone = pictures.terrazzo(np.random.default_rng(seed))
         assert stone.shape == (64, 64) and len(np.unique(stone)) > 10
 
 
