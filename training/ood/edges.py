@@ -1,12 +1,15 @@
 """Edge pairs: two images just either side of a card's "not a digit" threshold, for the tests that pin the flag.
 
-`edge_pair` blends a typeset digit into a letter and bisects on the blend; `write_edges` keeps one pair per model
-in a JSON file (tests/service/runtime/ood_edges.json), `capsnet-ood --write-edges` the command.
+`edge_pair` blends a typeset digit into a letter and bisects on the blend; for a card with a misread veto,
+`veto_pair` blends one typeset digit into another until the margin crosses the veto's cut. `write_edges` keeps them
+per model in a JSON file (tests/service/runtime/ood_edges.json), `capsnet-ood --write-edges` the command.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,23 @@ def typeset(char: str) -> np.ndarray:
     return np.round(preprocess(canvas, (28, 28)).array.reshape(28, 28) * 255).astype(np.uint8)
 
 
+def blend(digit: np.ndarray, other: np.ndarray, t: float) -> np.ndarray:
+    return np.round((1 - t) * digit.astype(np.float64) + t * other).astype(np.uint8)
+
+
+def scorer(model: ModelOutputs, calibration: OODCalibration) -> Callable[[np.ndarray], tuple[float, dict[str, Any]]]:
+    """The score and features of one uint8 (28, 28) image, fed as the service feeds an uploaded array."""
+
+    def score(pixels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        images = array_from_pixels(pixels.tolist(), (28, 28)).astype(np.float32).reshape(1, 1, 28, 28)  # as served
+        out = model.run(images)
+        args = (out["scores"], out.get("reconstruction"), out.get("poses"), out.get("explanation"), out.get("parts"))
+        features = calibration.measure(images, *args)
+        return float(calibration.score(features)[0]), features
+
+    return score
+
+
 def edge_pair(model_dir: Path) -> dict[str, Any]:
     """Two images on either side of the card's threshold, as close to it as uint8 pixels allow: a typeset digit
     blended into a letter (bisection on the blend), the first pair within EDGE_NEAR of it and no closer than
@@ -39,15 +59,7 @@ def edge_pair(model_dir: Path) -> dict[str, Any]:
     model = ModelOutputs(model_dir)
     calibration = OODCalibration.from_card(model.card["ood"])
 
-    def blend(digit: np.ndarray, other: np.ndarray, t: float) -> np.ndarray:
-        return np.round((1 - t) * digit.astype(np.float64) + t * other).astype(np.uint8)
-
-    def score(pixels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
-        images = array_from_pixels(pixels.tolist(), (28, 28)).astype(np.float32).reshape(1, 1, 28, 28)  # as served
-        out = model.run(images)
-        args = (out["scores"], out.get("reconstruction"), out.get("poses"), out.get("explanation"), out.get("parts"))
-        features = calibration.measure(images, *args)
-        return float(calibration.score(features)[0]), features
+    score = scorer(model, calibration)
 
     best: tuple[float, dict[str, Any]] | None = None
     for d in EDGE_DIGITS:
@@ -87,11 +99,49 @@ def edge_pair(model_dir: Path) -> dict[str, Any]:
     )
 
 
+def veto_pair(model_dir: Path) -> dict[str, Any] | None:
+    """For a card with a misread veto: two images either side of its cut, both accepted by the score without the
+    veto, so that the veto alone flips the flag: a typeset digit blended into another (bisection on the blend
+    where the margin first falls to the cut). None for a card without a veto."""
+    model = ModelOutputs(model_dir)
+    calibration = OODCalibration.from_card(model.card["ood"])
+    veto = calibration.veto
+    if veto is None:
+        return None
+    score, plain = scorer(model, calibration), scorer(model, replace(calibration, veto=None))
+    for d, e in ((d, e) for d in EDGE_DIGITS for e in EDGE_DIGITS if d != e):
+        digit, other = typeset(d), typeset(e)
+        steps = np.linspace(0, 1, EDGE_STEPS + 1)
+        crossed = [t for t in steps if plain(blend(digit, other, t))[1][veto.feature][0] <= veto.at_most]
+        if not crossed or crossed[0] == 0:
+            continue
+        low, high = crossed[0] - steps[1], crossed[0]
+        for _ in range(EDGE_STEPS):
+            middle = (low + high) / 2
+            vetoed = plain(blend(digit, other, middle))[1][veto.feature][0] <= veto.at_most
+            low, high = (low, middle) if vetoed else (middle, high)
+        sides = {"outside": blend(digit, other, low), "inside": blend(digit, other, high)}
+        if any(plain(pixels)[0] > calibration.threshold for pixels in sides.values()):
+            continue  # the score alone refuses one of them: not the veto's doing
+        pair: dict[str, Any] = {"digits": d + e, "at_most": veto.at_most, "score": veto.score}
+        for side, pixels in sides.items():
+            value, features = score(pixels)
+            pair[side] = {
+                "pixels": pixels.tolist(), "ood_score": value, veto.feature: float(features[veto.feature][0]),
+                "parts": {part.name: part.contribution for part in calibration.parts(features)[0]},
+            }  # fmt: skip
+        return pair
+    raise ValueError(f"no blend of two typeset digits of {EDGE_DIGITS} crosses the veto's cut while the score "
+                     "without the veto accepts it")  # fmt: skip
+
+
 def write_edges(model_dir: Path, file: Path) -> dict[str, Any]:
-    """Add (or replace) the model's edge pair in a JSON file of edge pairs by model name."""
+    """Add (or replace) the model's edge pair (and veto pair) in a JSON file of edge pairs by model name."""
     pairs = json.loads(file.read_text()) if file.is_file() else {}
     name = read_card(model_dir)["name"]
     pairs[name] = edge_pair(model_dir)
+    if (vetoed := veto_pair(model_dir)) is not None:
+        pairs[name]["veto"] = vetoed
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_text(json.dumps(dict(sorted(pairs.items()))) + "\n")
     return pairs[name]

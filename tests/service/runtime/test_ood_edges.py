@@ -90,3 +90,45 @@ def test_reject_ood_passes_the_image_below_and_refuses_the_one_above(zoo_client:
     assert ok.status_code == 200
     r = zoo_client.post(route, params={"reject_ood": "true"}, json={"images": [{"array": pair["above"]["pixels"]}]})
     assert r.status_code == 422 and "not digits by the calibrated score" in r.json()["error"]
+
+
+VETO_NEAR = 0.02  # each image of a veto pair has a margin within 2% of the cut: a veto 2% looser or tighter flips one
+
+
+def card_ood(name: str) -> dict[str, Any]:
+    ood: dict[str, Any] = json.loads((ZOO / name / "model.json").read_text())["ood"]
+    return ood
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_card_with_a_misread_veto_has_a_pair_cut_either_side_of_it(name: str) -> None:
+    pair, veto = pair_of(name), card_ood(name).get("veto")
+    assert ("veto" in pair) == (veto is not None)  # re-cut the pairs after a new calibration
+    if veto is None:
+        return
+    cut = pair["veto"]
+    assert (cut["at_most"], cut["score"]) == (veto["at_most"], veto["score"])
+    assert cut["inside"]["margin"] <= veto["at_most"] < cut["outside"]["margin"]
+    assert cut["outside"]["margin"] < veto["at_most"] * (1 + VETO_NEAR)
+    assert cut["inside"]["margin"] > veto["at_most"] * (1 - VETO_NEAR)
+    assert cut["outside"]["ood_score"] <= card_ood(name)["threshold"] < cut["inside"]["ood_score"] == veto["score"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_served_flag_either_side_of_the_misread_veto(zoo_client: TestClient, name: str) -> None:
+    veto = card_ood(name).get("veto")
+    if veto is None:
+        pytest.skip(f"the {name} card has no misread veto (the validation sets did not choose one)")
+    cut = pair_of(name)["veto"]
+    served = {}
+    for side in ("outside", "inside"):
+        alone = {"images": [{"array": cut[side]["pixels"]}]}
+        r = zoo_client.post(f"/v1/models/{name}/classify", params={"include_ood_parts": "true"}, json=alone)
+        assert r.status_code == 200, r.text
+        served[side] = r.json()["predictions"][0]
+        assert served[side]["ood_score"] == pytest.approx(cut[side]["ood_score"], abs=2e-5)
+        parts = {p["name"]: p["contribution"] for p in served[side]["ood_parts"]}
+        assert parts == pytest.approx(cut[side]["parts"], abs=1e-4)
+    assert served["outside"]["in_distribution"] is True and served["inside"]["in_distribution"] is False
+    margin = next(p for p in served["inside"]["ood_parts"] if p["name"] == "margin")
+    assert "hardly wins over the runner-up" in margin["says"]

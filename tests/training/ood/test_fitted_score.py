@@ -195,6 +195,8 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
 
     def with_threshold(threshold: float) -> None:
         card["threshold"] = threshold
+        if "veto" in card:  # a vetoed image still scores above the threshold
+            card["veto"]["score"] = threshold + 1.0
         whole = json.loads((tiny_model / "model.json").read_text())
         (tiny_model / "model.json").write_text(json.dumps({**whole, "ood": card}))
 
@@ -207,6 +209,7 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
     assert pair["threshold"] == card["threshold"]
     assert pair["below"]["ood_score"] <= card["threshold"] < pair["above"]["ood_score"]
     assert set(pair["below"]["parts"]) == set(report["features"]) and len(pair["above"]["pixels"]) == 28
+    assert ("veto" in pair) == ("veto" in card)  # a veto pair exactly when the card has a veto
 
 
 def test_cli_refuses_more_images_than_there_are(
