@@ -1,17 +1,13 @@
-"""Fitting non-digits drawn as pictures: signatures, outlined figures, halftones, corrupt image data, flat fills,
-show-through pages, zigzags, hatching, plaids, dithering, checkerboards, wiped boards, waves, staves of music,
-terrazzo, fax noise, empty dialog windows, rubber-stamp imprints and solid bars
-(`training.ood.nondigits.NONDIGIT_SETS`).
-
-Each generator is its own kind of image, not a variant of another: signatures (a pen that loops as it writes),
-outlined figures (polygons and boxes, never a circle, which is a 0), halftone screens, corrupt image data, flat
-fills of any aspect ratio, pages with show-through from their back, zigzags (a pen tried out or a word crossed
-out), hatching (an artist's shading), woven plaids, ordered dithering (a picture reduced to black and white by a
-Bayer matrix), transparency checkerboards (an empty canvas as an image editor shows it), wiped boards (the
-faint ghost of erased writing), waves (a wavy line whose swing swells and fades), staves (five lines of music with a
-few notes), terrazzo (chips of stone set in a ground), fax noise (runs of black and white along the rows), empty
-windows (a blank dialog as a screenshot shows it), stamps (the faint imprint of a rubber stamp) and solid bars (bars
-of one shade on a ground of another, as a title bar or a rule comes out of a crop).
+"""Fitting non-digits drawn as pictures (`training.ood.nondigits.NONDIGIT_SETS`), each its own kind of image, not a
+variant of another: signatures (a pen that loops as it writes), outlined figures (polygons and boxes, never a
+circle, which is a 0), halftone screens, corrupt image data, flat fills of any aspect ratio, pages with
+show-through from their back, zigzags (a pen tried out or a word crossed out), hatching (an artist's shading),
+woven plaids, ordered dithering (a picture reduced to black and white by a Bayer matrix), transparency
+checkerboards (an empty canvas as an image editor shows it), wiped boards (the faint ghost of erased writing),
+waves (a wavy line whose swing swells and fades), staves (five lines of music with a few notes), terrazzo (chips of
+stone set in a ground), fax noise (runs of black and white along the rows), empty windows (a blank dialog as a
+screenshot shows it), stamps (the faint imprint of a rubber stamp) and solid bars (bars of one shade on a ground
+of another, as a title bar or a rule comes out of a crop).
 """
 
 from __future__ import annotations
