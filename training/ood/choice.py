@@ -14,10 +14,15 @@ VETO_SHARE = 0.001  # the misread veto refuses readings whose margin is at most 
 VETO_LIFT = 1.0  # a vetoed image scores at least this far above the threshold
 
 
-def veto_cut(scores: np.ndarray) -> float:
-    """The margin (winning minus runner-up score) at the VETO_SHARE quantile of digits' scores (N, K)."""
+def margins(scores: np.ndarray) -> np.ndarray:
+    """(N,) winning minus runner-up score of each row of scores (N, K)."""
     ranked = np.sort(scores.astype(np.float64), axis=1)
-    return float(np.quantile(ranked[:, -1] - ranked[:, -2], VETO_SHARE))
+    return ranked[:, -1] - ranked[:, -2]
+
+
+def veto_cut(scores: np.ndarray) -> float:
+    """The margin at the VETO_SHARE quantile of digits' scores (N, K)."""
+    return float(np.quantile(margins(scores), VETO_SHARE))
 
 
 def threshold_with_veto(scores: np.ndarray, vetoed: np.ndarray, q: float) -> float | None:

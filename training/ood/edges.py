@@ -58,7 +58,6 @@ def edge_pair(model_dir: Path) -> dict[str, Any]:
     For tests that pin the served flag."""
     model = ModelOutputs(model_dir)
     calibration = OODCalibration.from_card(model.card["ood"])
-
     score = scorer(model, calibration)
 
     best: tuple[float, dict[str, Any]] | None = None
@@ -114,10 +113,10 @@ def veto_pair(model_dir: Path) -> dict[str, Any] | None:
     for d, e in ((d, e) for d in EDGE_DIGITS for e in EDGE_DIGITS if d != e):
         digit, other = typeset(d), typeset(e)
         steps = np.linspace(0, 1, EDGE_STEPS + 1)
-        crossed = [t for t in steps if plain(blend(digit, other, t))[1][veto.feature][0] <= veto.at_most]
-        if not crossed or crossed[0] == 0:
+        crossed = next((t for t in steps if plain(blend(digit, other, t))[1][veto.feature][0] <= veto.at_most), None)
+        if crossed is None or crossed == 0:
             continue
-        low, high = crossed[0] - steps[1], crossed[0]
+        low, high = crossed - steps[1], crossed
         for _ in range(EDGE_STEPS):
             middle = (low + high) / 2
             vetoed = plain(blend(digit, other, middle))[1][veto.feature][0] <= veto.at_most

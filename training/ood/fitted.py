@@ -43,6 +43,7 @@ from training.ood.choice import (
     VETO_LIFT,
     VETO_SHARE,
     choose_guarded,
+    margins,
     threshold_with_veto,
     veto_cut,
 )
@@ -468,8 +469,7 @@ def fit_and_evaluate(
     fitted: dict[str, dict[str, Any]] = {}
     candidates: dict[str, Any] = {}
     cut = veto_cut(combiner_digits[0]["scores"])
-    ranked = np.sort(val[0]["scores"].astype(np.float64), axis=1)
-    val_vetoed = ranked[:, -1] - ranked[:, -2] <= cut
+    val_vetoed = margins(val[0]["scores"]) <= cut
     veto = {"feature": "margin", "at_most": cut, "score": None,
             "rule": f"the {VETO_SHARE:.1%} quantile of the margins of {combiner_description}"}  # fmt: skip
     for label, names in CANDIDATES.items():
