@@ -48,7 +48,7 @@ SCRIPTS_MORE = (  # Thai, Hangul, Ethiopic, Devanagari, Arabic, Bengali, Tamil, 
 )  # fmt: skip
 SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurmukhi, Oriya, Canadian syllabics,
     # Tifinagh, Syriac, Javanese and Vai (without the letters the version 5 card took for digits); Telugu, Cherokee,
-    # Tibetan, Yi, Ol Chiki and Meetei Mayek: fitting only; no twins
+    # Tibetan, Yi, Ol Chiki, Meetei Mayek, Myanmar, Lepcha and Tai Viet (its low-tone letters): fitting only; no twins
     "ԱԲԴԵԷԸԹԺԻԼԽԿՀՂՃՄՆՇՈՊՌՍՎՐՒՓՔաբդեէըթժիխկհղմյնոպռսվտրփք" "ადეთიკლოჟრსტუფქღყჩცძჭხჯ"
     "અઆઇઈઋઍકખગછજઝઞણતથદધનફબભમલળશષસહ" "ආඇඈඉඊඋඒඔඕකඛගඝඞඡජඣඤටඨඩඪණතධනපබභමයරලශෂසහළ"
     "അആഇഈഉഊഎഏഐഓഔകഖഗഘങചഛജഝഞഡഢണതഥധനപഫബഭമയരലളഴവശഷസഹ" "ກຄງຊຍຕຖທນບປຜຝພຟມຢວສຫ"
@@ -59,12 +59,13 @@ SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurm
     "ᎠᎡᎢᎣᎤᎥᎨᎩᎪᎫᎬᎭᎮᎯᎰᎱᎲᎳᎵᎷᎸᎹᎻᎽᎿᏁᏂᏅᏇᏈᏉᏊᏌᏍᏐᏑᏒᏔᏖᏗᏘᏙᏛᏝᏞᏟᏠᏡᏢᏣᏤᏥᏦᏨᏪᏬᏯᏱᏲ" "ཀཁགངཆཇནཔཕབམཙཚཛཝཟའཡརལསཨ"
     "ꀀꀓꁌꁟꁲꂅꂘꂫꂾꃑꃤꃷꄊꄝꄰꅃꅖꅩꅼꆏꆢꆵꇈꇛꇮꈁꈺꉳꊆꊬꊿꋥꋸꌋꌞꌱꍄꍪꍽꎐꎣꎶꏜꏯꐂꐕꐨꐻꑎꑡꑴꒇ"
     "ᱞᱡᱢᱤᱥᱦᱫᱬᱴᱶ" "ꯀꯁꯂꯃꯄꯅꯆꯇꯈꯉꯊꯋꯌꯍꯎꯏꯐꯑꯒꯓꯗꯘꯙꯚ"
+    "ကဂဃငဆဈညဋဎဏတပဖဗဘမယလသဟအ" "ᰀᰂᰃᰄᰇᰉᰋᰐᰑᰔᰕᰖᰗᰘᰙᰜᰝᰞᰠᰢ" "ꪀꪂꪄꪈꪊꪌꪎꪐꪒꪔꪘꪚꪜꪞꪠꪢꪦꪨꪪꪬ"
 )  # fmt: skip
 SCRIPTS = (  # Myanmar, Lepcha and Tai Viet (its low-tone letters) letters the fitting never draws; no digit twins
     "ကဂဃငဆဈညဋဎဏတပဖဗဘမယလသဟအ" "ᰀᰂᰃᰄᰇᰉᰋᰐᰑᰔᰕᰖᰗᰘᰙᰜᰝᰞᰠᰢ" "ꪀꪂꪄꪈꪊꪌꪎꪐꪒꪔꪘꪚꪜꪞꪠꪢꪦꪨꪪꪬ"
 )  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
-FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 68 families more (16 handwriting-like)
+FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 82 families more (19 handwriting-like)
     "truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeMono.ttf",
     "truetype/freefont/FreeSansBold.ttf", "truetype/freefont/FreeSerifItalic.ttf",
     "truetype/humor-sans/Humor-Sans.ttf", "opentype/comic-neue/ComicNeue-Regular.otf",
@@ -126,6 +127,14 @@ FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 68 
     "truetype/gnutypewriter/GNUTypewriter.ttf", "truetype/klaudia-berenika/Berenika.ttf",
     "truetype/klaudia-berenika/Klaudia-Bold.ttf", "truetype/kiloji/kiloji.ttf",
     "truetype/kouzan-mouhitsu/kouzan-mouhitsu.ttf", "truetype/aoyagi-soseki/aoyagi-soseki.ttf",
+
+    "truetype/clear-sans/ClearSans-Regular.ttf", "truetype/eurofurence/eurof55.ttf",
+    "truetype/routed-gothic/routed-gothic.ttf", "opentype/quattrocento/Quattrocento-Regular.otf",
+    "opentype/arapey/Arapey-Regular.otf", "opentype/elstob/ElstobD-Regular.otf",
+    "truetype/adf/IrianisADFStd-Regular.otf", "truetype/3270/3270-Regular.ttf", "truetype/monofur/monof55.ttf",
+    "opentype/compagnon/Compagnon-Roman.otf", "truetype/engadget/Engadget.ttf",
+    "opentype/bajaderka/Bajaderka-Regular.otf", "truetype/woowa-bm/BMKIRANGHAERANG-TTF.ttf",
+    "truetype/woowa-bm/BMYEONSUNG_ttf.ttf",
 )  # fmt: skip
 SCRIPT_FIT_FONTS = (  # Thai, Korean, Ethiopic, Devanagari, Arabic; Bengali, Tamil, Khmer and Chinese
     "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
@@ -149,7 +158,8 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
 )
 WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalapi, Samyak), Telugu (Noto,
     # Gurajada, Ramabhadra), Tibetan (Noto, DDC Uchen, Tibetan Machine), Yi (Nuosu SIL, Noto), Ol Chiki (Uniol,
-    # Noto), Meetei Mayek (Eeyek, Noto); the other scripts of SCRIPTS_WORLD in Noto
+    # Noto), Meetei Mayek (Eeyek, Noto), Myanmar (Padauk, Noto), Lepcha (Mingzat, Noto), Tai Viet (Tai Heritage Pro,
+    # Noto); the other scripts of SCRIPTS_WORLD in Noto
     "truetype/noto/NotoSansArmenian-Regular.ttf", "truetype/noto/NotoSerifArmenian-Regular.ttf",
     "truetype/noto/NotoSansGeorgian-Regular.ttf", "truetype/fonts-bpg-georgian/BPG_Glaho_GPL&GNU.ttf",
     "truetype/fonts-bpg-georgian/BPG_Ingiri_GPL&GNU.ttf", "truetype/lohit-gujarati/Lohit-Gujarati.ttf",
@@ -167,7 +177,10 @@ WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalap
     "truetype/tibetan/DDC_Uchen.ttf", "truetype/tibetan-machine/TibetanMachineUni.ttf",
     "truetype/nuosusil/NuosuSIL-Regular.ttf", "truetype/noto/NotoSansYi-Regular.ttf", "truetype/uniol/Uniol.ttf",
     "truetype/noto/NotoSansOlChiki-Regular.ttf", "truetype/eeyek/Eeyek-Regular.ttf",
-    "truetype/noto/NotoSansMeeteiMayek-Regular.ttf",
+    "truetype/noto/NotoSansMeeteiMayek-Regular.ttf", "truetype/padauk/Padauk-Regular.ttf",
+    "truetype/noto/NotoSansMyanmar-Regular.ttf", "truetype/mingzat/Mingzat-Regular.ttf",
+    "truetype/noto/NotoSansLepcha-Regular.ttf", "truetype/taiheritagepro/TaiHeritagePro-Regular.ttf",
+    "truetype/noto/NotoSansTaiViet-Regular.ttf",
 )  # fmt: skip
 TEST_FONTS = (  # typefaces no other role uses: sans (Clear Sans, Eurofurence, Routed Gothic), serif (Quattrocento,
     # Arapey, Elstob, Irianis), mono (IBM 3270, Monofur), slab and display (Compagnon, Engadget); the last three are
@@ -447,6 +460,13 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "empty_windows": pictures.empty_windows,
     "stamps": pictures.stamps,
     "solid_bars": pictures.solid_bars,
+    "heartbeats": pictures.heartbeats,
+    "crayons": pictures.crayons,
+    "knits": pictures.knits,
+    "tv_snow": pictures.tv_snow,
+    "folded_sheets": pictures.folded_sheets,
+    "crumpled": pictures.crumpled,
+    "solid_shapes": pictures.solid_shapes,
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),

@@ -1,13 +1,10 @@
 """Fitting non-digits drawn as pictures (`training.ood.nondigits.NONDIGIT_SETS`), each its own kind of image, not a
-variant of another: signatures (a pen that loops as it writes), outlined figures (polygons and boxes, never a
-circle, which is a 0), halftone screens, corrupt image data, flat fills of any aspect ratio, pages with
-show-through from their back, zigzags (a pen tried out or a word crossed out), hatching (an artist's shading),
-woven plaids, ordered dithering (a picture reduced to black and white by a Bayer matrix), transparency
-checkerboards (an empty canvas as an image editor shows it), wiped boards (the faint ghost of erased writing),
-waves (a wavy line whose swing swells and fades), staves (five lines of music with a few notes), terrazzo (chips of
-stone set in a ground), fax noise (runs of black and white along the rows), empty windows (a blank dialog as a
-screenshot shows it), stamps (the faint imprint of a rubber stamp) and solid bars (bars of one shade on a ground
-of another, as a title bar or a rule comes out of a crop).
+variant of another: signatures, outlined figures (never a circle, which is a 0), halftone screens, corrupt image
+data, flat fills, show-through pages, zigzags, hatching, woven plaids, ordered dithering, transparency checkerboards,
+wiped boards (the ghost of erased writing), waves, staves of music, terrazzo, fax noise, empty dialog windows, rubber
+stamps, solid bars (a title bar or a rule out of a crop), heartbeats (an electrocardiogram's trace), crayon patches,
+knitted fabric, TV snow, folded sheets (two faces lit differently), crumpled pages and solid shapes (triangles,
+quadrilaterals, pentagons and wedges of one shade on another, as a folded sheet's lit face comes out of a crop).
 """
 
 from __future__ import annotations
@@ -338,3 +335,182 @@ def solid_bars(rng: np.random.Generator) -> np.ndarray:
         draw.polygon([(cx + x, cy + y) for x, y in corners @ rotation.T], fill=255)
     mask = np.asarray(canvas, np.float64) / 255.0
     return ground + (shade - ground) * mask
+
+
+def _beat(rng: np.random.Generator, t: np.ndarray) -> np.ndarray:
+    """One heartbeat at times `t` in [0, 1]: a small P wave, a sharp QRS spike (down, up, down) and a T wave."""
+    p = rng.uniform(0.05, 0.15) * np.exp(-(((t - 0.2) / 0.04) ** 2))
+    q = -rng.uniform(0.05, 0.2) * np.exp(-(((t - 0.36) / 0.012) ** 2))
+    r = rng.uniform(0.6, 1.0) * np.exp(-(((t - 0.4) / 0.015) ** 2))
+    s = -rng.uniform(0.1, 0.35) * np.exp(-(((t - 0.44) / 0.015) ** 2))
+    return p + q + r + s + rng.uniform(0.1, 0.3) * np.exp(-(((t - 0.68) / 0.07) ** 2))
+
+
+def heartbeats(rng: np.random.Generator) -> np.ndarray:
+    """The trace of an electrocardiogram: 2 to 4 beats (each a P wave, a QRS spike and a T wave) on a level line,
+    4 to 1.6 times as wide as high, turned by up to 15 degrees, 2 to 5 pixels wide on a 112 canvas."""
+    beats = int(rng.integers(2, 5))
+    t = np.linspace(0, 1, 80)
+    y = np.concatenate([_beat(rng, t) for _ in range(beats)])
+    x = np.linspace(-1, 1, y.size)
+    line = np.stack([x, -y * rng.uniform(0.4, 0.8) + 0.25], axis=1)
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    (line,) = turn_lines([line], rng.uniform(-0.26, 0.26), rng.uniform(40, 50), np.array([CANVAS / 2, CANVAS / 2]))
+    ImageDraw.Draw(canvas).line(wobbly(line, rng, 0.15), fill=255, width=int(rng.integers(2, 6)), joint="curve")
+    return np.asarray(canvas) / 255.0
+
+
+def crayons(rng: np.random.Generator) -> np.ndarray:
+    """A patch coloured in with a wax crayon on a 112 canvas: back-and-forth strokes 3 to 6 pixels wide, 3 to 7
+    apart at one slant, filling two to four overlapping ellipses (and overshooting them a little), with the ink
+    broken where the paper's grain is low (a quarter to a half of it)."""
+    shape = Image.new("L", (CANVAS, CANVAS), 0)
+    draw = ImageDraw.Draw(shape)
+    for _ in range(int(rng.integers(2, 5))):
+        cx, cy = rng.uniform(35, CANVAS - 35, 2)
+        rx, ry = rng.uniform(15, 35, 2)
+        draw.ellipse([cx - rx, cy - ry, cx + rx, cy + ry], fill=255)
+    region = np.asarray(shape.filter(ImageFilter.MaxFilter(5))) > 0
+    strokes = Image.new("L", (2 * CANVAS, 2 * CANVAS), 0)
+    gap, width = rng.uniform(3, 7), int(rng.integers(3, 7))
+    rows = np.arange(0, 2 * CANVAS, gap)
+    ends = rng.normal(0, 4, (rows.size, 2)) + np.array([0, 2 * CANVAS])
+    path = [(float(ends[k, k % 2]), float(y + rng.normal(0, 1))) for k, y in enumerate(rows)]
+    ImageDraw.Draw(strokes).line(path, fill=255, width=width, joint="curve")
+    strokes = strokes.rotate(float(rng.uniform(0, 180)), resample=Image.Resampling.BILINEAR)
+    ink = np.asarray(strokes, np.float64)[CANVAS // 2 : CANVAS // 2 + CANVAS, CANVAS // 2 : CANVAS // 2 + CANVAS]
+    grain = smooth_noise(rng, (CANVAS, CANVAS), 0.7) > rng.uniform(0.25, 0.5)
+    return ink / 255.0 * region * grain
+
+
+def knits(rng: np.random.Generator) -> np.ndarray:
+    """Knitted fabric, 64 pixels a side: stitches (5 to 9 pixels wide, 4 to 7 high) as columns of Vs (two slanted
+    loops of yarn each), or a rib (columns of Vs between columns of purl bumps), lit unevenly, turned by up to 20
+    degrees."""
+    side = 2 * FIELD
+    canvas = Image.new("L", (side, side), int(rng.integers(0, 60)))
+    draw = ImageDraw.Draw(canvas)
+    w, h = rng.uniform(5, 9), rng.uniform(4, 7)
+    rib = int(rng.integers(0, 3))  # 0: all Vs; 1 or 2: that many Vs, then as many purl columns
+    for j in range(int(side / w) + 1):
+        purl = rib > 0 and (j // rib) % 2 == 1
+        for i in range(int(side / h) + 2):
+            x, y, shade = j * w, i * h, int(rng.integers(150, 256))
+            if purl:
+                draw.ellipse([x + 0.5, y + h * 0.2, x + w - 0.5, y + h * 0.8], fill=shade)
+                continue
+            for sign in (-1, 1):
+                cx = x + w / 2 + sign * w / 4
+                leg = [(cx - sign * w * 0.2, y - h * 0.1), (cx + sign * w * 0.2, y + h)]
+                draw.line(leg, fill=shade, width=max(2, int(w / 3)))
+    canvas = canvas.rotate(float(rng.uniform(-20, 20)), resample=Image.Resampling.BILINEAR)
+    cloth = np.asarray(canvas, np.float64)[FIELD // 2 : FIELD // 2 + FIELD, FIELD // 2 : FIELD // 2 + FIELD] / 255.0
+    light = 1 - rng.uniform(0, 0.4) * smooth_noise(rng, (FIELD, FIELD), 12)
+    return cloth * light
+
+
+def tv_snow(rng: np.random.Generator) -> np.ndarray:
+    """An untuned analogue television, 48 to 128 pixels a side: Gaussian noise smeared along each row (over 2 to 6
+    pixels, the set's narrow bandwidth) around a mid gray, under a soft horizontal band 10% to 30% brighter (the
+    rolling bar of a lost vertical hold)."""
+    h, w = (int(v) for v in rng.integers(48, 129, 2))
+    smear = int(rng.integers(2, 7))
+    raw = rng.normal(0, 1, (h, w + smear - 1))
+    rows = np.stack([np.convolve(r, np.ones(smear) / np.sqrt(smear), mode="valid") for r in raw])
+    y = np.arange(h)[:, None] / h
+    band = rng.uniform(0.1, 0.3) * np.exp(-(((y - rng.uniform(0, 1)) / rng.uniform(0.08, 0.25)) ** 2))
+    return np.clip(rng.uniform(0.35, 0.6) + band + rng.uniform(0.1, 0.2) * rows, 0, 1)
+
+
+def folded_sheets(rng: np.random.Generator) -> np.ndarray:
+    """A blank sheet once folded corner to corner and opened, 40 to 160 pixels wide and 0.75 to 1.33 times as high:
+    the fold (near the middle, within 15 degrees of a diagonal; the smaller face is a triangle or a broad trapezoid,
+    never an upright bar) a soft step between two faces lit 2% to 15% of full contrast apart, over a drift of at most
+    3 of 255 levels."""
+    w = int(rng.integers(40, 161))
+    h = int(w * rng.uniform(0.75, 1.33))
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    cy, cx = rng.uniform(0.4, 0.6) * h, rng.uniform(0.4, 0.6) * w
+    angle = np.pi / 4 + np.pi / 2 * int(rng.integers(2)) + np.deg2rad(rng.uniform(-15, 15))
+    across = (x - cx) * np.cos(angle) + (y - cy) * np.sin(angle)
+    face = 1 / (1 + np.exp(-across / rng.uniform(0.5, 2)))  # 0 on one face, 1 on the other
+    drift = rng.uniform(0, 3 / 255) * (x * np.cos(angle + 1) + y * np.sin(angle + 1)) / max(h, w)
+    paper = rng.uniform(0.75, 0.97)
+    return np.clip(paper - rng.uniform(0.02, 0.15) * face + drift, 0, 1)
+
+
+def crumpled(rng: np.random.Generator) -> np.ndarray:
+    """A blank page crumpled and smoothed out, 48 to 140 pixels a side: 10 to 24 creases (straight ridges or valleys
+    across the page at any angle, each sloping off evenly on both sides for a tenth to half the page), their relief
+    lit from one side into faint flat facets at most 6% to 24% of full contrast apart."""
+    h, w = (int(v) for v in rng.integers(48, 141, 2))
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64) / max(h, w)
+    relief = np.zeros((h, w))
+    for _ in range(int(rng.integers(10, 25))):
+        angle = rng.uniform(0, np.pi)
+        across = (x - rng.uniform(0, w / max(h, w))) * np.cos(angle) + (y - rng.uniform(0, h / max(h, w))) * np.sin(
+            angle
+        )
+        relief += rng.choice([-1, 1]) * rng.uniform(0.3, 1) * np.maximum(0, 1 - np.abs(across) / rng.uniform(0.1, 0.5))
+    gy, gx = np.gradient(relief)
+    light = rng.uniform(0, 2 * np.pi)
+    shade = gx * np.cos(light) + gy * np.sin(light)
+    shade = shade / max(float(np.abs(shade).max()), 1e-9)
+    return np.clip(rng.uniform(0.7, 0.95) + rng.uniform(0.03, 0.12) * shade, 0, 1)
+
+
+def _stout(mask: np.ndarray) -> bool:
+    """Whether the marked pixels of `mask` (H, W) cover at least 1% of it and are no sliver: the long axis of their
+    spread at most 2.5 times the short one."""
+    ys, xs = np.nonzero(mask > 127)
+    if ys.size < 0.01 * mask.size:
+        return False
+    spread = np.linalg.eigvalsh(np.cov(np.stack([xs, ys]).astype(np.float64)))
+    return bool(spread[1] <= 6.25 * max(float(spread[0]), 1e-9))
+
+
+def _solid_shape(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """One solid shape (255 on 0, h x w): a right triangle filling a corner (legs along two edges, up to 1.6 sides
+    long: a folded sheet's lit face), a triangle, quadrilateral or pentagon (some half past an edge), or a wedge (a
+    pie slice of 40 to 150 degrees); drawn again until it is stout (`_stout`)."""
+    while True:
+        canvas = Image.new("L", (w, h), 0)
+        draw = ImageDraw.Draw(canvas)
+        kind = rng.random()
+        if kind < 0.3:
+            a, b = rng.uniform(0.3, 1.6) * w, rng.uniform(0.3, 1.6) * h
+            corner = np.abs(np.array([w * int(rng.integers(2)), h * int(rng.integers(2))]) - [[0, 0], [a, 0], [0, b]])
+            draw.polygon([(float(x), float(y)) for x, y in corner], fill=255)
+        elif kind < 0.85:
+            centre = rng.uniform(0.15, 0.85, 2) * [w, h]
+            if rng.random() < 0.3:  # against an edge, half past it
+                axis = int(rng.integers(2))
+                centre[axis] = [w, h][axis] * float(rng.choice([rng.uniform(0, 0.05), rng.uniform(0.95, 1)]))
+            radius = rng.uniform(0.2, 0.55) * min(h, w) * rng.uniform(0.6, 1.0, int(rng.choice([3, 4, 5])))
+            angles = np.sort(rng.uniform(0, 2 * np.pi, radius.size))
+            points = centre + radius[:, None] * np.stack([np.cos(angles), np.sin(angles)], axis=1)
+            draw.polygon([(float(x), float(y)) for x, y in points], fill=255)
+        else:
+            r, start = rng.uniform(0.3, 0.7) * min(h, w), rng.uniform(0, 360)
+            cx, cy = rng.uniform(0.2, 0.8) * w, rng.uniform(0.2, 0.8) * h
+            draw.pieslice([cx - r, cy - r, cx + r, cy + r], start, start + rng.uniform(40, 150), fill=255)
+        mask = np.asarray(canvas)
+        if _stout(mask):
+            return mask
+
+
+def solid_shapes(rng: np.random.Generator) -> np.ndarray:
+    """One or two solid shapes (`_solid_shape`: corner triangles, triangles, quadrilaterals, pentagons, wedges) of one
+    shade on a ground of another (5% to 100% of full contrast), 40 to 180 pixels a side, with hard or soft edges and
+    mild noise: as a folded sheet's lit face comes out of the preprocessing. No sliver or thin stroke."""
+    h, w = (int(v) for v in rng.integers(40, 181, 2))
+    ground = rng.uniform(0, 1)
+    shade = np.clip(ground + rng.choice([-1, 1]) * rng.uniform(0.05, 1.0), 0, 1)
+    mask = np.zeros((h, w), np.uint8)
+    for _ in range(int(rng.integers(1, 3))):
+        mask = np.maximum(mask, _solid_shape(rng, h, w))
+    canvas = Image.fromarray(mask)
+    if rng.random() < 0.5:
+        canvas = canvas.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 3))))
+    cover = np.asarray(canvas, np.float64) / 255.0
+    return np.clip(ground + (shade - ground) * cover + rng.normal(0, rng.uniform(0, 0.03), (h, w)), 0, 1)

@@ -215,8 +215,10 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
      shapes.notebook, pictures.signatures, pictures.figures, pictures.halftones, pictures.glitches, pictures.fills,
      pictures.show_through, pictures.zigzags, pictures.hatching, pictures.plaids, pictures.dithers,
      pictures.checkerboards, pictures.wiped_boards, pictures.waves, pictures.staves, pictures.terrazzo,
-     pictures.fax_noise, pictures.empty_windows, pictures.stamps, pictures.solid_bars, unseen.heartbeats,
-     unseen.crayons, unseen.knits, unseen.tv_snow, unseen.folded_sheets, unseen.crumpled],
+     pictures.fax_noise, pictures.empty_windows, pictures.stamps, pictures.solid_bars, pictures.heartbeats,
+     pictures.crayons, pictures.knits, pictures.tv_snow, pictures.folded_sheets, pictures.crumpled,
+     pictures.solid_shapes, unseen.heartbeats, unseen.crayons, unseen.knits, unseen.tv_snow, unseen.folded_sheets,
+     unseen.crumpled],
 )  # fmt: skip
 def test_the_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
     for seed in range(20):
@@ -290,26 +292,26 @@ def test_empty_windows_and_stamps_are_light_or_faint() -> None:
 def test_folded_sheets_and_crumpled_pages_are_light_and_faint() -> None:
     """A folded sheet's two faces differ by at most 15% of full contrast, a crumpled page's facets by at most a
     quarter: some of each reach the model as an empty page, the others as a faint face or facets, never a bar."""
-    sheets = [unseen.folded_sheets(np.random.default_rng(s)) for s in range(20)]
+    sheets = [pictures.folded_sheets(np.random.default_rng(s)) for s in range(20)]
     assert all(0.02 - 1e-9 <= p.max() - p.min() <= 0.15 + 3 / 255 + 1e-9 and p.min() >= 0.55 for p in sheets)
     assert all(0.74 <= p.shape[0] / p.shape[1] <= 1.34 for p in sheets) and len({p.shape for p in sheets}) > 1
     for sheet in sheets:  # two faces: the pixels fall into two levels, each covering a sixth of the sheet or more
         low = sheet < (sheet.min() + sheet.max()) / 2
         assert 1 / 6 < low.mean() < 5 / 6
-    pages = [unseen.crumpled(np.random.default_rng(s)) for s in range(20)]
+    pages = [pictures.crumpled(np.random.default_rng(s)) for s in range(20)]
     assert all(0 < p.max() - p.min() <= 0.24 + 1e-9 and p.min() >= 0.45 for p in pages)
     assert all(len(np.unique(np.round(p, 3))) > 20 for p in pages)  # facets in many shades, not a flat page
-    some_come_out_blank(("blank", "near_blank"), "test")
+    some_come_out_blank(("folded_sheets", "crumpled"), "fit")
 
 
 def test_heartbeats_are_wide_traces_with_spikes_and_crayons_fill_a_patch_with_gaps() -> None:
     for seed in range(10):
-        trace = unseen.heartbeats(np.random.default_rng(seed))
+        trace = pictures.heartbeats(np.random.default_rng(seed))
         rows, cols = np.nonzero(trace > 0.5)
         assert np.ptp(cols) > 1.3 * np.ptp(rows)  # lying down, wider than high: never an upright stroke
         ink_per_column = (trace > 0.5).sum(axis=0)
         assert ink_per_column.max() > 3 * np.median(ink_per_column[ink_per_column > 0])  # the spikes
-        patch = unseen.crayons(np.random.default_rng(seed))
+        patch = pictures.crayons(np.random.default_rng(seed))
         inked = patch > 0.5
         assert 0.03 < inked.mean() < 0.8
         ys, xs = np.nonzero(inked)
@@ -319,15 +321,32 @@ def test_heartbeats_are_wide_traces_with_spikes_and_crayons_fill_a_patch_with_ga
 
 def test_knits_repeat_their_stitches_and_tv_snow_is_smeared_along_rows() -> None:
     for seed in range(10):
-        cloth = unseen.knits(np.random.default_rng(seed))
+        cloth = pictures.knits(np.random.default_rng(seed))
         assert cloth.shape == (64, 64) and 0 <= cloth.min() < cloth.max() <= 1
         assert (cloth > 0.3).mean() > 0.3  # yarn over most of the field, not a few marks
-        snow = unseen.tv_snow(np.random.default_rng(seed))
+        snow = pictures.tv_snow(np.random.default_rng(seed))
         assert min(snow.shape) >= 48 and max(snow.shape) <= 128 and snow.std() > 0.05
         across = np.corrcoef(snow[:, :-1].ravel(), snow[:, 1:].ravel())[0, 1]  # neighbours along a row
         down = np.corrcoef((snow[:-1] - snow[:-1].mean(1, keepdims=True)).ravel(),
                            (snow[1:] - snow[1:].mean(1, keepdims=True)).ravel())[0, 1]  # fmt: skip
         assert across > 0.3 and abs(down) < 0.2  # streaks along the rows, independent from row to row
+
+
+def test_solid_shapes_are_stout_and_some_fill_a_corner() -> None:
+    """Each shape is one solid region, no sliver; some are right triangles with the right angle in a canvas corner (a
+    folded sheet's lit face), some touch an edge; the pictures are two shades under mild noise, never flat."""
+    masks = [pictures._solid_shape(np.random.default_rng(s), 90, 120) for s in range(40)]
+    assert all(set(np.unique(m)) <= {0, 255} and pictures._stout(m) for m in masks)
+    corners = [m for m in masks if m[0, 0] or m[0, -1] or m[-1, 0] or m[-1, -1]]
+    edges = [m for m in masks if m[0].any() or m[-1].any() or m[:, 0].any() or m[:, -1].any()]
+    assert len(corners) >= 5 and len(edges) > len(corners) and len(edges) < 40
+    sliver = np.zeros((90, 120), np.uint8)
+    sliver[10:80, 50:56] = 255  # a bar as thin as a one is refused
+    assert not pictures._stout(sliver)
+    pictures_ = [pictures.solid_shapes(np.random.default_rng(s)) for s in range(20)]
+    assert all(min(p.shape) >= 40 and max(p.shape) <= 180 and p.max() - p.min() >= 0.04 for p in pictures_)
+    assert len({p.shape for p in pictures_}) > 1
+    assert sum(bool(i.any()) for i in make_set("solid_shapes", 20, seed=0, role="fit")) > 10
 
 
 def test_fax_noise_is_one_bit_in_runs_and_terrazzo_is_a_field_of_chips() -> None:
