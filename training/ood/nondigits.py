@@ -7,8 +7,8 @@ another stream: `capsnet-train --exposure`); `VALIDATION_SETS` choose the detect
 once and share no font, generator or letter of another script with any other role (the shapes of `training.ood.unseen`);
 `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`). docs/not-a-digit.md lists them. Glyph
 twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav; Thai ro and o ang; Arabic
-waw, ha and mim; Devanagari ra and da; Myanmar wa and da, ...) are in no set, and a
-character is drawn only in the fonts that have its glyph.
+waw, ha and mim; Devanagari ra and da; Myanmar wa and da; Kannada ra and la; N'Ko a and o, ...) are in no set,
+and a character is drawn only in the fonts that have its glyph.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurm
     "ᱞᱡᱢᱤᱥᱦᱫᱬᱴᱶ" "ꯀꯁꯂꯃꯄꯅꯆꯇꯈꯉꯊꯋꯌꯍꯎꯏꯐꯑꯒꯓꯗꯘꯙꯚ"
     "ကဂဃငဆဈညဋဎဏတပဖဗဘမယလသဟအ" "ᰀᰂᰃᰄᰇᰉᰋᰐᰑᰔᰕᰖᰗᰘᰙᰜᰝᰞᰠᰢ" "ꪀꪂꪄꪈꪊꪌꪎꪐꪒꪔꪘꪚꪜꪞꪠꪢꪦꪨꪪꪬ"
 )  # fmt: skip
-SCRIPTS = (  # Myanmar, Lepcha and Tai Viet (its low-tone letters) letters the fitting never draws; no digit twins
-    "ကဂဃငဆဈညဋဎဏတပဖဗဘမယလသဟအ" "ᰀᰂᰃᰄᰇᰉᰋᰐᰑᰔᰕᰖᰗᰘᰙᰜᰝᰞᰠᰢ" "ꪀꪂꪄꪈꪊꪌꪎꪐꪒꪔꪘꪚꪜꪞꪠꪢꪦꪨꪪꪬ"
+SCRIPTS = (  # Kannada, N'Ko and Adlam letters the fitting never draws; no digit twins
+    "ಅಆಈಉಊಋಐಕಘಙಚಛಜಝಞಢಣಥಧನಪಫಬಭಮಯವಶಷಸಹ" "ߌߍߎߓߔߘߙߚߜߠߡߪ" "𞤂𞤄𞤅𞤆𞤇𞤈𞤊𞤋𞤌𞤏𞤓𞤔𞤕𞤚𞤜𞤝𞤞𞤟𞤡𞤦𞤧𞤪𞤬𞤭𞤮𞤱𞤵𞤶𞤷𞤼𞤾𞤿𞥁𞥃"
 )  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
 FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 82 families more (19 handwriting-like)
@@ -182,21 +182,20 @@ WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalap
     "truetype/noto/NotoSansLepcha-Regular.ttf", "truetype/taiheritagepro/TaiHeritagePro-Regular.ttf",
     "truetype/noto/NotoSansTaiViet-Regular.ttf",
 )  # fmt: skip
-TEST_FONTS = (  # typefaces no other role uses: sans (Clear Sans, Eurofurence, Routed Gothic), serif (Quattrocento,
-    # Arapey, Elstob, Irianis), mono (IBM 3270, Monofur), slab and display (Compagnon, Engadget); the last three are
-    # handwriting-like (a sign painter's script and two Korean hands)
-    "truetype/clear-sans/ClearSans-Regular.ttf", "truetype/eurofurence/eurof55.ttf",
-    "truetype/routed-gothic/routed-gothic.ttf", "opentype/quattrocento/Quattrocento-Regular.otf",
-    "opentype/arapey/Arapey-Regular.otf", "opentype/elstob/ElstobD-Regular.otf",
-    "truetype/adf/IrianisADFStd-Regular.otf", "truetype/3270/3270-Regular.ttf", "truetype/monofur/monof55.ttf",
-    "opentype/compagnon/Compagnon-Roman.otf", "truetype/engadget/Engadget.ttf",
-    "opentype/bajaderka/Bajaderka-Regular.otf", "truetype/woowa-bm/BMKIRANGHAERANG-TTF.ttf",
-    "truetype/woowa-bm/BMYEONSUNG_ttf.ttf",
+TEST_FONTS = (  # typefaces no other role uses: sans (Allerta, Universalis, BIZ UDGothic, National Park), serif
+    # (Doulos, Essays 1743, Damase), mono (OCR-B, D2Coding, League Mono), slab (Mekanus); the last three are
+    # handwriting-like (ISO technical lettering, a Korean pen hand and a marker-drawn display)
+    "opentype/allerta/allerta_medium.otf", "truetype/adf/UniversalisADFStd-Regular.otf",
+    "truetype/bizud-gothic/BIZUDGothic-Regular.ttf", "opentype/national-park/NationalPark-Regular.otf",
+    "truetype/doulos/DoulosSIL-Regular.ttf", "truetype/essays1743/Essays1743.ttf", "truetype/mph-2b-damase/damase.ttf",
+    "opentype/ocr-b/OCRB.otf", "truetype/naver-d2coding/D2Coding-Ver1.3.2-20180524-all.ttc",
+    "opentype/league-mono/LeagueMono-Regular.otf", "truetype/adf/MekanusADFStd-Regular.otf",
+    "truetype/osifont/osifont.ttf", "truetype/unfonts-extra/UnPilgia.ttf", "opentype/cherrybomb/CherryBomb-Regular.otf",
 )  # fmt: skip
-SCRIPT_FONTS = (  # Myanmar (Padauk, Noto), Lepcha (Mingzat, Noto), Tai Viet (Tai Heritage Pro, Noto)
-    "truetype/padauk/Padauk-Regular.ttf", "truetype/noto/NotoSansMyanmar-Regular.ttf",
-    "truetype/mingzat/Mingzat-Regular.ttf", "truetype/noto/NotoSansLepcha-Regular.ttf",
-    "truetype/taiheritagepro/TaiHeritagePro-Regular.ttf", "truetype/noto/NotoSansTaiViet-Regular.ttf",
+SCRIPT_FONTS = (  # Kannada (Noto, Gubbi), N'Ko (Noto, Conakry), Adlam (Noto, Noto Unjoined)
+    "truetype/noto/NotoSansKannada-Regular.ttf", "truetype/Gubbi/Gubbi.ttf", "truetype/noto/NotoSansNKo-Regular.ttf",
+    "truetype/evertype-conakry/Conakry.ttf", "truetype/noto/NotoSansAdlam-Regular.ttf",
+    "truetype/noto/NotoSansAdlamUnjoined-Regular.ttf",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -260,7 +259,13 @@ FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name i
     "IrianisADFStd-Regular.otf": "fonts-adf-irianis", "3270": "fonts-3270", "monofur": "fonts-monofur",
     "compagnon": "fonts-compagnon", "engadget": "fonts-engadget", "bajaderka": "fonts-bajaderka",
     "woowa-bm": "fonts-woowa-bm", "padauk": "fonts-sil-padauk", "mingzat": "fonts-sil-mingzat",
-    "taiheritagepro": "fonts-sil-taiheritagepro",
+    "taiheritagepro": "fonts-sil-taiheritagepro", "allerta": "fonts-allerta",
+    "UniversalisADFStd-Regular.otf": "fonts-adf-universalis", "bizud-gothic": "fonts-morisawa-bizud-gothic",
+    "national-park": "fonts-national-park", "doulos": "fonts-sil-doulos", "essays1743": "fonts-essays1743",
+    "mph-2b-damase": "fonts-mph-2b-damase", "ocr-b": "fonts-ocr-b", "naver-d2coding": "fonts-naver-d2coding",
+    "league-mono": "fonts-league-mono", "MekanusADFStd-Regular.otf": "fonts-adf-mekanus", "osifont": "fonts-osifont",
+    "unfonts-extra": "fonts-unfonts-extra", "cherrybomb": "fonts-cherrybomb", "Gubbi": "fonts-gubbi",
+    "evertype-conakry": "fonts-evertype-conakry",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -482,12 +487,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": unseen.heartbeats,
-    "scribbles": unseen.crayons,
-    "textures": unseen.knits,
-    "noise": unseen.tv_snow,
-    "blank": unseen.folded_sheets,
-    "near_blank": unseen.crumpled,
+    "strokes": unseen.seismograms,
+    "scribbles": unseen.pen_tests,
+    "textures": unseen.wood_grain,
+    "noise": unseen.thermal_prints,
+    "blank": unseen.envelopes,
+    "near_blank": unseen.pencil_ticks,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

@@ -1,12 +1,11 @@
 """The reported test sets' drawn non-digits: strokes, scribbles, textures, noise and pages that no fitting,
 validation or confirmation set draws (`training.ood.nondigits.TEST_SETS`).
 
-Each generator is its own kind of image, not a variant of a fitting one: heartbeats (the trace of an
-electrocardiogram: a level line with a spike at every beat), crayons (a patch coloured in with a wax crayon, back
-and forth, its strokes broken by the grain of the paper), knits (the stitches of knitted fabric: columns of Vs, or
-ribs of Vs and purl bumps), TV snow (an untuned analogue television: noise smeared along the rows under a rolling
-bright band), folded sheets (a blank sheet once folded, its two faces lit differently) and crumpled pages (a blank
-page crumpled and smoothed out: faint facets between creases).
+Each generator is its own kind of image, not a variant of a fitting one: seismograms (one to three level traces,
+quiet until a quake's burst that rings down), pen tests (the row of tight spirals a ballpoint leaves when tried
+out), wood grain (growth rings bending round a knot, with fibres along them), thermal prints (a receipt's dots
+fading along the paper, with dead heating elements), envelopes (the back of a blank envelope in a phone photo) and
+pencil ticks (a page with one faint tick or a staple's two holes).
 """
 
 from __future__ import annotations
@@ -14,126 +13,106 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from training.ood.shapes import CANVAS, FIELD, smooth_noise, turn_lines, wobbly
+from training.ood.shapes import CANVAS, FIELD, smooth_noise
 
 
-def _beat(rng: np.random.Generator, t: np.ndarray) -> np.ndarray:
-    """One heartbeat at times `t` in [0, 1]: a small P wave, a sharp QRS spike (down, up, down) and a T wave."""
-    p = rng.uniform(0.05, 0.15) * np.exp(-(((t - 0.2) / 0.04) ** 2))
-    q = -rng.uniform(0.05, 0.2) * np.exp(-(((t - 0.36) / 0.012) ** 2))
-    r = rng.uniform(0.6, 1.0) * np.exp(-(((t - 0.4) / 0.015) ** 2))
-    s = -rng.uniform(0.1, 0.35) * np.exp(-(((t - 0.44) / 0.015) ** 2))
-    return p + q + r + s + rng.uniform(0.1, 0.3) * np.exp(-(((t - 0.68) / 0.07) ** 2))
-
-
-def heartbeats(rng: np.random.Generator) -> np.ndarray:
-    """The trace of an electrocardiogram: 2 to 4 beats (each a P wave, a QRS spike and a T wave) on a level line,
-    4 to 1.6 times as wide as high, turned by up to 15 degrees, 2 to 5 pixels wide on a 112 canvas."""
-    beats = int(rng.integers(2, 5))
-    t = np.linspace(0, 1, 80)
-    y = np.concatenate([_beat(rng, t) for _ in range(beats)])
-    x = np.linspace(-1, 1, y.size)
-    line = np.stack([x, -y * rng.uniform(0.4, 0.8) + 0.25], axis=1)
+def seismograms(rng: np.random.Generator) -> np.ndarray:
+    """One to three seismograph traces one above the other on a 112 canvas, 1 to 3 pixels wide: each level with a
+    faint tremor, until a burst (a sharp onset, then swings of 10 to 25 pixels ringing down) at its own time."""
     canvas = Image.new("L", (CANVAS, CANVAS), 0)
-    (line,) = turn_lines([line], rng.uniform(-0.26, 0.26), rng.uniform(40, 50), np.array([CANVAS / 2, CANVAS / 2]))
-    ImageDraw.Draw(canvas).line(wobbly(line, rng, 0.15), fill=255, width=int(rng.integers(2, 6)), joint="curve")
+    draw = ImageDraw.Draw(canvas)
+    traces = int(rng.integers(1, 4))
+    x = np.linspace(6, CANVAS - 6, 300)
+    for k in range(traces):
+        level = CANVAS / 2 + (k - (traces - 1) / 2) * rng.uniform(22, 30)
+        onset = rng.uniform(0.2, 0.6) * CANVAS
+        after = np.maximum(x - onset, 0)
+        ring = np.exp(-after / rng.uniform(6, 18)) * (x > onset)
+        swing = rng.uniform(10, 25 if traces == 1 else 11) * ring * np.sin(after * rng.uniform(0.8, 1.6))
+        y = level + swing + rng.normal(0, rng.uniform(0.2, 0.8), x.size)
+        draw.line(list(zip(x.tolist(), y.tolist(), strict=True)), fill=255, width=int(rng.integers(1, 4)))
     return np.asarray(canvas) / 255.0
 
 
-def crayons(rng: np.random.Generator) -> np.ndarray:
-    """A patch coloured in with a wax crayon on a 112 canvas: back-and-forth strokes 3 to 6 pixels wide, 3 to 7
-    apart at one slant, filling two to four overlapping ellipses (and overshooting them a little), with the ink
-    broken where the paper's grain is low (a quarter to a half of it)."""
-    shape = Image.new("L", (CANVAS, CANVAS), 0)
-    draw = ImageDraw.Draw(shape)
-    for _ in range(int(rng.integers(2, 5))):
-        cx, cy = rng.uniform(35, CANVAS - 35, 2)
-        rx, ry = rng.uniform(15, 35, 2)
-        draw.ellipse([cx - rx, cy - ry, cx + rx, cy + ry], fill=255)
-    region = np.asarray(shape.filter(ImageFilter.MaxFilter(5))) > 0
-    strokes = Image.new("L", (2 * CANVAS, 2 * CANVAS), 0)
-    gap, width = rng.uniform(3, 7), int(rng.integers(3, 7))
-    rows = np.arange(0, 2 * CANVAS, gap)
-    ends = rng.normal(0, 4, (rows.size, 2)) + np.array([0, 2 * CANVAS])
-    path = [(float(ends[k, k % 2]), float(y + rng.normal(0, 1))) for k, y in enumerate(rows)]
-    ImageDraw.Draw(strokes).line(path, fill=255, width=width, joint="curve")
-    strokes = strokes.rotate(float(rng.uniform(0, 180)), resample=Image.Resampling.BILINEAR)
-    ink = np.asarray(strokes, np.float64)[CANVAS // 2 : CANVAS // 2 + CANVAS, CANVAS // 2 : CANVAS // 2 + CANVAS]
-    grain = smooth_noise(rng, (CANVAS, CANVAS), 0.7) > rng.uniform(0.25, 0.5)
-    return ink / 255.0 * region * grain
+def pen_tests(rng: np.random.Generator) -> np.ndarray:
+    """A ballpoint tried out on a 112 canvas: three to five tight spirals (3 to 6 turns, 12 to 22 pixels across) in a
+    row, each run into the next, 1 or 2 pixels wide, the row turned by up to 20 degrees."""
+    spirals = int(rng.integers(3, 6))
+    centres = np.linspace(-1, 1, spirals) * (spirals - 1) * rng.uniform(16, 21) / 2
+    path: list[np.ndarray] = []
+    for cx in centres:
+        turns, radius = rng.uniform(3, 6), rng.uniform(6, 11)
+        t = np.linspace(0, 2 * np.pi * turns, int(60 * turns))
+        r = radius * (0.25 + 0.75 * t / t[-1])
+        path.append(np.stack([cx + r * np.cos(t), rng.normal(0, 3) + r * np.sin(t) * rng.uniform(0.7, 1)], axis=1))
+    points = np.concatenate(path)
+    turn = np.deg2rad(rng.uniform(-20, 20))
+    points = points @ np.array([[np.cos(turn), np.sin(turn)], [-np.sin(turn), np.cos(turn)]]) + CANVAS / 2
+    canvas = Image.new("L", (CANVAS, CANVAS), 0)
+    ImageDraw.Draw(canvas).line([tuple(p) for p in points], fill=255, width=int(rng.integers(1, 3)), joint="curve")
+    return np.asarray(canvas) / 255.0
 
 
-def knits(rng: np.random.Generator) -> np.ndarray:
-    """Knitted fabric, 64 pixels a side: stitches (5 to 9 pixels wide, 4 to 7 high) as columns of Vs (two slanted
-    loops of yarn each), or a rib (columns of Vs between columns of purl bumps), lit unevenly, turned by up to 20
-    degrees."""
+def wood_grain(rng: np.random.Generator) -> np.ndarray:
+    """Wood, 64 pixels a side: growth rings (dark lines 4 to 9 pixels apart, wavering) that bend round a knot, over
+    light fibres streaked along them, the whole turned by any angle."""
     side = 2 * FIELD
-    canvas = Image.new("L", (side, side), int(rng.integers(0, 60)))
-    draw = ImageDraw.Draw(canvas)
-    w, h = rng.uniform(5, 9), rng.uniform(4, 7)
-    rib = int(rng.integers(0, 3))  # 0: all Vs; 1 or 2: that many Vs, then as many purl columns
-    for j in range(int(side / w) + 1):
-        purl = rib > 0 and (j // rib) % 2 == 1
-        for i in range(int(side / h) + 2):
-            x, y, shade = j * w, i * h, int(rng.integers(150, 256))
-            if purl:
-                draw.ellipse([x + 0.5, y + h * 0.2, x + w - 0.5, y + h * 0.8], fill=shade)
-                continue
-            for sign in (-1, 1):
-                cx = x + w / 2 + sign * w / 4
-                leg = [(cx - sign * w * 0.2, y - h * 0.1), (cx + sign * w * 0.2, y + h)]
-                draw.line(leg, fill=shade, width=max(2, int(w / 3)))
-    canvas = canvas.rotate(float(rng.uniform(-20, 20)), resample=Image.Resampling.BILINEAR)
-    cloth = np.asarray(canvas, np.float64)[FIELD // 2 : FIELD // 2 + FIELD, FIELD // 2 : FIELD // 2 + FIELD] / 255.0
-    light = 1 - rng.uniform(0, 0.4) * smooth_noise(rng, (FIELD, FIELD), 12)
-    return cloth * light
+    y, x = np.mgrid[0:side, 0:side].astype(np.float64)
+    ky, kx, size = rng.uniform(0.3, 0.7) * side, rng.uniform(0.2, 0.8) * side, rng.uniform(6, 14)
+    knot = size * 2.5 * np.exp(-((x - kx) ** 2 / (4 * size * size) + (y - ky) ** 2 / (size * size)))
+    waver = 6 * (smooth_noise(rng, (side, side), 10) - 0.5)
+    phase = (y + waver + knot * np.sign(y - ky)) / rng.uniform(4, 9)
+    rings = np.abs(np.sin(np.pi * phase)) ** rng.uniform(4, 12)
+    fibres = np.asarray(Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8)).resize((side // 8, side))
+                        .resize((side, side), Image.Resampling.BILINEAR), np.float64) / 255.0  # fmt: skip
+    wood = 0.55 + 0.15 * fibres - rng.uniform(0.25, 0.45) * (1 - rings)
+    turned = Image.fromarray((np.clip(wood, 0, 1) * 255).astype(np.uint8)).rotate(float(rng.uniform(0, 360)))
+    return np.asarray(turned, np.float64)[FIELD // 2 : FIELD // 2 + FIELD, FIELD // 2 : FIELD // 2 + FIELD] / 255.0
 
 
-def tv_snow(rng: np.random.Generator) -> np.ndarray:
-    """An untuned analogue television, 48 to 128 pixels a side: Gaussian noise smeared along each row (over 2 to 6
-    pixels, the set's narrow bandwidth) around a mid gray, under a soft horizontal band 10% to 30% brighter (the
-    rolling bar of a lost vertical hold)."""
+def thermal_prints(rng: np.random.Generator) -> np.ndarray:
+    """A thermal receipt printed a flat gray and faded, 48 to 128 pixels a side: one-bit dots, each printed with a
+    chance that falls smoothly along the paper (from a half to nine tenths down to a tenth or less), in rows, with
+    one to four dead heating elements (columns never printed) and rows jittered where the head caught."""
     h, w = (int(v) for v in rng.integers(48, 129, 2))
-    smear = int(rng.integers(2, 7))
-    raw = rng.normal(0, 1, (h, w + smear - 1))
-    rows = np.stack([np.convolve(r, np.ones(smear) / np.sqrt(smear), mode="valid") for r in raw])
-    y = np.arange(h)[:, None] / h
-    band = rng.uniform(0.1, 0.3) * np.exp(-(((y - rng.uniform(0, 1)) / rng.uniform(0.08, 0.25)) ** 2))
-    return np.clip(rng.uniform(0.35, 0.6) + band + rng.uniform(0.1, 0.2) * rows, 0, 1)
+    fade = np.linspace(rng.uniform(0.5, 0.9), rng.uniform(0.0, 0.1), h)[:, None]
+    dots = rng.random((h, w)) < fade * (0.8 + 0.4 * smooth_noise(rng, (h, w), 4))
+    for row in np.nonzero(rng.random(h) < 0.05)[0]:
+        dots[row] = np.roll(dots[row], int(rng.integers(-3, 4)))
+    dots[:, rng.integers(0, w, int(rng.integers(1, 5)))] = False
+    return dots.astype(np.float64)
 
 
-def folded_sheets(rng: np.random.Generator) -> np.ndarray:
-    """A blank sheet once folded corner to corner and opened, 40 to 160 pixels wide and 0.75 to 1.33 times as high:
-    the fold (near the middle, within 15 degrees of a diagonal; the smaller face is a triangle or a broad trapezoid,
-    never an upright bar) a soft step between two faces lit 2% to 15% of full contrast apart, over a drift of at most
-    3 of 255 levels."""
-    w = int(rng.integers(40, 161))
-    h = int(w * rng.uniform(0.75, 1.33))
+def envelopes(rng: np.random.Generator) -> np.ndarray:
+    """The back of a blank envelope in a phone photo: a pale page 1.4 to 2.4 times as wide as high (40 to 180
+    pixels wide), the V of its flap and a soft shadow across it each at most 1.5 of 255 levels darker."""
+    w = int(rng.integers(40, 181))
+    h = max(16, int(w / rng.uniform(1.4, 2.4)))
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
-    cy, cx = rng.uniform(0.4, 0.6) * h, rng.uniform(0.4, 0.6) * w
-    angle = np.pi / 4 + np.pi / 2 * int(rng.integers(2)) + np.deg2rad(rng.uniform(-15, 15))
-    across = (x - cx) * np.cos(angle) + (y - cy) * np.sin(angle)
-    face = 1 / (1 + np.exp(-across / rng.uniform(0.5, 2)))  # 0 on one face, 1 on the other
-    drift = rng.uniform(0, 3 / 255) * (x * np.cos(angle + 1) + y * np.sin(angle + 1)) / max(h, w)
-    paper = rng.uniform(0.75, 0.97)
-    return np.clip(paper - rng.uniform(0.02, 0.15) * face + drift, 0, 1)
+    tip = rng.uniform(0.45, 0.7) * h
+    flap = np.abs(y - tip * (1 - np.abs(x - w / 2) / (w / 2))) < 1
+    angle = rng.uniform(0, 2 * np.pi)
+    across = (x - w / 2) * np.cos(angle) + (y - h / 2) * np.sin(angle) - rng.uniform(-0.3, 0.3) * w
+    shadow = 1 / (1 + np.exp(-across / rng.uniform(3, 12)))
+    paper = rng.uniform(0.7, 0.97)
+    return np.clip(paper - rng.uniform(0, 1.5 / 255) * flap - rng.uniform(0, 1.5 / 255) * shadow, 0, 1)
 
 
-def crumpled(rng: np.random.Generator) -> np.ndarray:
-    """A blank page crumpled and smoothed out, 48 to 140 pixels a side: 10 to 24 creases (straight ridges or valleys
-    across the page at any angle, each sloping off evenly on both sides for a tenth to half the page), their relief
-    lit from one side into faint flat facets at most 6% to 24% of full contrast apart."""
-    h, w = (int(v) for v in rng.integers(48, 141, 2))
-    y, x = np.mgrid[0:h, 0:w].astype(np.float64) / max(h, w)
-    relief = np.zeros((h, w))
-    for _ in range(int(rng.integers(10, 25))):
-        angle = rng.uniform(0, np.pi)
-        across = (x - rng.uniform(0, w / max(h, w))) * np.cos(angle) + (y - rng.uniform(0, h / max(h, w))) * np.sin(
-            angle
-        )
-        relief += rng.choice([-1, 1]) * rng.uniform(0.3, 1) * np.maximum(0, 1 - np.abs(across) / rng.uniform(0.1, 0.5))
-    gy, gx = np.gradient(relief)
-    light = rng.uniform(0, 2 * np.pi)
-    shade = gx * np.cos(light) + gy * np.sin(light)
-    shade = shade / max(float(np.abs(shade).max()), 1e-9)
-    return np.clip(rng.uniform(0.7, 0.95) + rng.uniform(0.03, 0.12) * shade, 0, 1)
+def pencil_ticks(rng: np.random.Generator) -> np.ndarray:
+    """A page with one small faint mark, 60 to 140 pixels a side: a pencil tick (a short stroke down and a longer
+    one up, 8 to 16 pixels, at 10% to 35% of full contrast) or a staple's two holes (dots 1 to 2 pixels, 6 to 14
+    apart, joined by the staple's faint trace)."""
+    h, w = (int(v) for v in rng.integers(60, 141, 2))
+    canvas = Image.new("L", (w, h), 0)
+    draw = ImageDraw.Draw(canvas)
+    x, y = rng.uniform(0.15, 0.85) * w, rng.uniform(0.15, 0.85) * h
+    if rng.random() < 0.5:
+        size = rng.uniform(8, 16)
+        tick = [(x, y), (x + size * 0.35, y + size * 0.45), (x + size, y - size * 0.6)]
+        draw.line(tick, fill=int(255 * rng.uniform(0.1, 0.35)), width=1)
+        return np.asarray(canvas.filter(ImageFilter.GaussianBlur(0.4)), np.float64) / 255.0
+    gap, dot = rng.uniform(6, 14), rng.uniform(0.5, 1)
+    draw.line([(x, y), (x + gap, y)], fill=int(255 * rng.uniform(0.03, 0.1)), width=1)
+    for cx in (x, x + gap):
+        draw.ellipse([cx - dot, y - dot, cx + dot, y + dot], fill=int(255 * rng.uniform(0.4, 0.8)))
+    return np.asarray(canvas, np.float64) / 255.0

@@ -187,6 +187,8 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "ఎఒ" "ᎦᎧᎴᎶᎺᎼᎾᏀᏃᏄᏆᏋᏎᏏᏓᏕᏚᏜᏧᏩᏫᏭᏮᏰᏳᏴ" "ཅཉཏཐདཞཤཧ"  # Telugu, Cherokee, Tibetan
         "ꀦꀹꈔꈧꉠꉍꊙꋒꍗꏉᱚᱛᱜᱝᱟᱠᱣᱧᱨᱩᱪᱭᱮᱯᱰᱱᱲᱳᱵᱷꯔꯕꯖ"  # Yi, Ol Chiki, Meetei Mayek
         "ခစဇဉဌဍထဒဓနရဝဠ" "ᰁᰅᰆᰈᰊᰌᰍᰎᰏᰒᰓᰚᰛᰟᰡᰣ" "ꪅꪆꪇꪉꪋꪑꪖꪤꪥꪫꪮꪯ"  # Myanmar, Lepcha, Tai Viet
+        "ಇಌಎಏಒಓಔಖಗಟಠಡತದರಱಲಳ" "ߊߋߏߐߑߒߕߖߗߛߝߞߟߢߣߤߥߦߧߨߩ"  # Kannada, N'Ko
+        "𞤀𞤁𞤃𞤉𞤍𞤎𞤐𞤑𞤒𞤖𞤗𞤘𞤙𞤛𞤠𞤢𞤣𞤤𞤥𞤨𞤩𞤫𞤯𞤰𞤲𞤳𞤴𞤸𞤹𞤺𞤻𞤽𞥀𞥂"  # Adlam
         "අඌඑචථදඵවෆ" "ഋഒടഠദറ" "ຂຈດຣລອຮ" "ਓਕਙਡਤਪਲੜ" "ଓଠ" "ᐊᑫᑲᒉᒣᔦᔭᕋᕗ" "ⴰⵏⵔⵖⵚⵛⵢ" "ܕܙܝܨܪ" "ꔇꔎꔏꔒꔓꔡꔢ"
     )  # fmt: skip
     digits = set(
@@ -195,6 +197,7 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "౦౧౨౩౪౫౬౭౮౯༠༡༢༣༤༥༦༧༨༩൦൧൨൩൪൫൬൭൮൯໐໑໒໓໔໕໖໗໘໙੦੧੨੩੪੫੬੭੮੯୦୧୨୩୪୫୬୭୮୯꧐꧑꧒꧓꧔꧕꧖꧗꧘꧙꘠꘡꘢꘣꘤꘥꘦꘧꘨꘩"
         "᱐᱑᱒᱓᱔᱕᱖᱗᱘᱙꯰꯱꯲꯳꯴꯵꯶꯷꯸꯹"  # Ol Chiki, Meetei Mayek
         "၀၁၂၃၄၅၆၇၈၉႐႑႒႓႔႕႖႗႘႙᱀᱁᱂᱃᱄᱅᱆᱇᱈᱉"  # Myanmar, Shan, Lepcha
+        "೦೧೨೩೪೫೬೭೮೯߀߁߂߃߄߅߆߇߈߉𞥐𞥑𞥒𞥓𞥔𞥕𞥖𞥗𞥘𞥙"  # Kannada, N'Ko, Adlam
     )  # fmt: skip
     drawn = (
         nondigits.LETTERS
@@ -217,8 +220,8 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
      pictures.checkerboards, pictures.wiped_boards, pictures.waves, pictures.staves, pictures.terrazzo,
      pictures.fax_noise, pictures.empty_windows, pictures.stamps, pictures.solid_bars, pictures.heartbeats,
      pictures.crayons, pictures.knits, pictures.tv_snow, pictures.folded_sheets, pictures.crumpled,
-     pictures.solid_shapes, unseen.heartbeats, unseen.crayons, unseen.knits, unseen.tv_snow, unseen.folded_sheets,
-     unseen.crumpled],
+     pictures.solid_shapes, unseen.seismograms, unseen.pen_tests, unseen.wood_grain, unseen.thermal_prints,
+     unseen.envelopes, unseen.pencil_ticks],
 )  # fmt: skip
 def test_the_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
     for seed in range(20):
@@ -347,6 +350,39 @@ def test_solid_shapes_are_stout_and_some_fill_a_corner() -> None:
     assert all(min(p.shape) >= 40 and max(p.shape) <= 180 and p.max() - p.min() >= 0.04 for p in pictures_)
     assert len({p.shape for p in pictures_}) > 1
     assert sum(bool(i.any()) for i in make_set("solid_shapes", 20, seed=0, role="fit")) > 10
+
+
+def test_seismograms_run_across_and_pen_tests_lie_in_a_row() -> None:
+    for seed in range(10):
+        trace = unseen.seismograms(np.random.default_rng(seed))
+        rows, cols = np.nonzero(trace > 0.5)
+        assert np.ptp(cols) >= 90 and np.ptp(cols) > 1.3 * np.ptp(rows)  # level traces across the canvas
+        spirals = unseen.pen_tests(np.random.default_rng(seed))
+        rows, cols = np.nonzero(spirals > 0.5)
+        assert np.ptp(cols) > 1.3 * np.ptp(rows)  # a row of spirals, wider than high
+        assert 0.01 < (spirals > 0.5).mean() < 0.2
+
+
+def test_wood_grain_is_a_field_and_thermal_prints_fade_with_dead_columns() -> None:
+    for seed in range(10):
+        wood = unseen.wood_grain(np.random.default_rng(seed))
+        assert wood.shape == (64, 64) and len(np.unique(wood)) > 20 and wood.std() > 0.03
+        dots = unseen.thermal_prints(np.random.default_rng(seed))
+        assert set(np.unique(dots)) <= {0.0, 1.0} and min(dots.shape) >= 48 and max(dots.shape) <= 128
+        third = dots.shape[0] // 3
+        assert dots[:third].mean() > 2 * dots[-third:].mean()  # printed dark at one end, faded at the other
+        assert not dots.any(axis=0).all()  # at least one dead heating element
+
+
+def test_envelopes_come_out_empty_and_pencil_ticks_are_faint_small_marks() -> None:
+    """A blank envelope's flap and shadow stay within 3 of 255 levels, below the service's contrast floor: the model
+    sees an empty page. A tick or a staple's holes cover under 2% of their page."""
+    envelopes = [unseen.envelopes(np.random.default_rng(s)) for s in range(20)]
+    assert all(p.max() - p.min() <= 3 / 255 + 1e-9 and p.shape[1] / p.shape[0] >= 1.4 - 0.1 for p in envelopes)
+    assert not make_set("blank", 8, seed=0, role="test").any()
+    marks = [unseen.pencil_ticks(np.random.default_rng(s)) for s in range(20)]
+    assert all(0 < m.max() <= 0.8 and (m > 0.02).mean() < 0.02 for m in marks)
+    assert all(bool(i.any()) for i in make_set("near_blank", 8, seed=0, role="test"))
 
 
 def test_fax_noise_is_one_bit_in_runs_and_terrazzo_is_a_field_of_chips() -> None:
