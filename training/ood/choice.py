@@ -10,7 +10,9 @@ import numpy as np
 CHOICE_MARGIN = 0.01  # worst-set shares this close to the best (about one standard error at 1,000 images) tie
 TARGET_ACCEPTANCE = 0.99  # of unseen digits, the flag's promise
 TIGHTER = (0.1, 0.2)  # percentile points a threshold may come down by to keep the previous score's accuracy
-VETO_SHARE = 0.001  # the misread veto refuses readings whose margin is at most that of this share of unseen digits
+# The misread vetoes offered: each refuses readings whose margin is at most that of this share of unseen digits
+# written by other hands than the training digits (MNIST's test writers, whose digits the network learns from)
+VETO_SHARES = (0.002, 0.003, 0.004, 0.005)
 VETO_LIFT = 1.0  # a vetoed image scores at least this far above the threshold
 
 
@@ -20,9 +22,14 @@ def margins(scores: np.ndarray) -> np.ndarray:
     return ranked[:, -1] - ranked[:, -2]
 
 
-def veto_cut(scores: np.ndarray) -> float:
-    """The margin at the VETO_SHARE quantile of digits' scores (N, K)."""
-    return float(np.quantile(margins(scores), VETO_SHARE))
+def veto_cut(scores: np.ndarray, share: float) -> float:
+    """The margin at the `share` quantile of digits' scores (N, K)."""
+    return float(np.quantile(margins(scores), share))
+
+
+def veto_label(label: str, share: float) -> str:
+    """The name of candidate `label` with the misread veto at `share`."""
+    return f"{label}, misread veto {share:.1%}"
 
 
 def threshold_with_veto(scores: np.ndarray, vetoed: np.ndarray, q: float) -> float | None:

@@ -41,11 +41,12 @@ from training.ood.choice import (
     TARGET_ACCEPTANCE,
     TIGHTER,
     VETO_LIFT,
-    VETO_SHARE,
+    VETO_SHARES,
     choose_guarded,
     margins,
     threshold_with_veto,
     veto_cut,
+    veto_label,
 )
 from training.ood.network import HIDDEN, fit_network
 from training.ood.nondigits import ROLES, make_set, rotated_digits
@@ -454,7 +455,7 @@ def fit_and_evaluate(
         """The validation figures at the q-th percentile (None when a veto alone refuses more digits)."""
         if "veto" not in ood:
             ood = {**ood, "threshold": float(np.percentile(val_scores, q))}
-        elif (threshold := threshold_with_veto(val_scores, val_vetoed, q)) is not None:
+        elif (threshold := threshold_with_veto(val_scores, val_margins <= ood["veto"]["at_most"], q)) is not None:
             ood = {**ood, "threshold": threshold, "veto": {**ood["veto"], "score": threshold + VETO_LIFT}}
         else:
             return None
@@ -468,16 +469,17 @@ def fit_and_evaluate(
     tighter = [round(percentile - step, 6) for step in TIGHTER if percentile - step > 100 * TARGET_ACCEPTANCE]
     fitted: dict[str, dict[str, Any]] = {}
     candidates: dict[str, Any] = {}
-    cut = veto_cut(combiner_digits[0]["scores"])
-    val_vetoed = margins(val[0]["scores"]) <= cut
-    veto = {"feature": "margin", "at_most": cut, "score": None,
-            "rule": f"the {VETO_SHARE:.1%} quantile of the margins of {combiner_description}"}  # fmt: skip
+    val_margins = margins(val[0]["scores"])
+    vetoes = {s: {"feature": "margin", "at_most": veto_cut(comb[0]["scores"], s), "score": None,
+                  "rule": f"the {s:.1%} quantile of the margins of the {combiner} MNIST test digits drawn for the "
+                  "network (other writers than the training digits')"} for s in VETO_SHARES}  # fmt: skip
     for label, names in CANDIDATES.items():
         names = available(names, ref[0])
         plain = fit_detector((*ref, ref_description), combiner_digits, list(fit_sets.values()), names, network)
         val_scores = scores_of(OODCalibration.from_card(plain), val[0], val[1])
-        for name, ood in ((label, plain), (f"{label}, misread veto", {**plain, "veto": veto})):
-            if ("veto" in ood and "margin" not in names) or (row := at_percentile(ood, percentile, val_scores)) is None:
+        vetoed = [(veto_label(label, s), {**plain, "veto": v}) for s, v in vetoes.items()] if "margin" in names else []
+        for name, ood in [(label, plain), *vetoed]:
+            if (row := at_percentile(ood, percentile, val_scores)) is None:
                 continue
             rows = {f"{q:g}": at_percentile(ood, q, val_scores) for q in tighter}
             candidates[name] = {"features": list(names), "percentile": percentile, **row,

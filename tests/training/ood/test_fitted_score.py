@@ -153,7 +153,7 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
     assert set(report["previous"]["sets"]) == set(report["sets"]) and report["previous"]["threshold"] == pytest.approx(
         previous["threshold"]
     )
-    assert report["chosen"].removesuffix(", misread veto") in ood_fitted.CANDIDATES
+    assert report["chosen"].split(", misread veto")[0] in ood_fitted.CANDIDATES
     fitting = report["fitting"]["non_digits"]
     assert fitting["varied_letters"] == 3 and 0 < fitting["turned_training_digits"] <= 4  # the combiner's
     network = report["fitting"]["network_non_digits"]  # other images of the same sets: the network's own
@@ -165,8 +165,17 @@ def test_cli_fits_chooses_on_validation_writes_the_card_and_reports_beside_the_p
         set(ood_fitted.CANDIDATES)
         <= offered
         <= set(ood_fitted.CANDIDATES)
-        | {f"{label}, misread veto" for label, names in ood_fitted.CANDIDATES.items() if "margin" in names}
+        | {
+            choice.veto_label(label, share)
+            for label, names in ood_fitted.CANDIDATES.items()
+            if "margin" in names
+            for share in choice.VETO_SHARES
+        }
     )
+    for label, row in report["validation"]["candidates"].items():  # each veto cut on the network's unseen digits
+        assert ("veto" in row) == ("misread veto" in label)
+        if "veto" in row:
+            assert "MNIST test digits drawn for the network" in row["veto"]["rule"]
     validation = report["validation"]  # the previous score on the same validation digits guards the accuracy
     assert validation["previous"]["digits"]["n"] == 20 and set(validation["previous"]["sets"]) >= {"letters"}
     guard = validation["accuracy_guard"]
@@ -271,7 +280,8 @@ def test_the_veto_cut_and_the_threshold_that_accepts_the_same_share_with_it() ->
     scores = np.zeros((1000, 3))
     scores[:, 0] = 1.0
     scores[:, 1] = 1.0 - np.linspace(0.001, 1.0, 1000)  # margins 0.001, 0.002, ..., 1.0
-    assert choice.veto_cut(scores) == pytest.approx(np.quantile(np.linspace(0.001, 1.0, 1000), 0.001))
+    assert choice.veto_cut(scores, 0.003) == pytest.approx(np.quantile(np.linspace(0.001, 1.0, 1000), 0.003))
+    assert choice.veto_label("all", 0.003) == "all, misread veto 0.3%"
     rng = np.random.default_rng(0)
     validation = rng.normal(size=1000)
     vetoed = np.zeros(1000, bool)
