@@ -374,12 +374,13 @@ def test_wood_grain_is_a_field_and_thermal_prints_fade_with_dead_columns() -> No
         assert not dots.any(axis=0).all()  # at least one dead heating element
 
 
-def test_envelopes_come_out_empty_and_pencil_ticks_are_faint_small_marks() -> None:
-    """A blank envelope's flap and shadow stay within 3 of 255 levels, below the service's contrast floor: the model
-    sees an empty page. A tick or a staple's holes cover under 2% of their page."""
+def test_envelopes_are_faint_and_pencil_ticks_are_faint_small_marks() -> None:
+    """A blank envelope's flap and shadow stay within a quarter of full contrast: most come out as an empty page, some
+    (over the service's contrast floor) as the flap's V or the shadow's edge. A tick or a staple's holes cover under
+    2% of their page."""
     envelopes = [unseen.envelopes(np.random.default_rng(s)) for s in range(20)]
-    assert all(p.max() - p.min() <= 3 / 255 + 1e-9 and p.shape[1] / p.shape[0] >= 1.4 - 0.1 for p in envelopes)
-    assert not make_set("blank", 8, seed=0, role="test").any()
+    assert all(p.max() - p.min() <= 0.24 + 1e-9 and p.shape[1] / p.shape[0] >= 1.4 - 0.1 for p in envelopes)
+    some_come_out_blank(("blank",), "test")
     marks = [unseen.pencil_ticks(np.random.default_rng(s)) for s in range(20)]
     assert all(0 < m.max() <= 0.8 and (m > 0.02).mean() < 0.02 for m in marks)
     assert all(bool(i.any()) for i in make_set("near_blank", 8, seed=0, role="test"))
