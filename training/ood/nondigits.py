@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from service.contract import preprocess
-from training.ood import pictures, shapes, unseen
+from training.ood import pictures, shapes, surfaces, unseen
 from training.ood.shapes import CANVAS, elastic
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
@@ -48,7 +48,8 @@ SCRIPTS_MORE = (  # Thai, Hangul, Ethiopic, Devanagari, Arabic, Bengali, Tamil, 
 )  # fmt: skip
 SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurmukhi, Oriya, Canadian syllabics,
     # Tifinagh, Syriac, Javanese and Vai (without the letters the version 5 card took for digits); Telugu, Cherokee,
-    # Tibetan, Yi, Ol Chiki, Meetei Mayek, Myanmar, Lepcha and Tai Viet (its low-tone letters): fitting only; no twins
+    # Tibetan, Yi, Ol Chiki, Meetei Mayek, Myanmar, Lepcha, Tai Viet (its low-tone letters), Kannada, N'Ko and Adlam:
+    # fitting only; no twins
     "ԱԲԴԵԷԸԹԺԻԼԽԿՀՂՃՄՆՇՈՊՌՍՎՐՒՓՔաբդեէըթժիխկհղմյնոպռսվտրփք" "ადეთიკლოჟრსტუფქღყჩცძჭხჯ"
     "અઆઇઈઋઍકખગછજઝઞણતથદધનફબભમલળશષસહ" "ආඇඈඉඊඋඒඔඕකඛගඝඞඡජඣඤටඨඩඪණතධනපබභමයරලශෂසහළ"
     "അആഇഈഉഊഎഏഐഓഔകഖഗഘങചഛജഝഞഡഢണതഥധനപഫബഭമയരലളഴവശഷസഹ" "ກຄງຊຍຕຖທນບປຜຝພຟມຢວສຫ"
@@ -60,12 +61,13 @@ SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurm
     "ꀀꀓꁌꁟꁲꂅꂘꂫꂾꃑꃤꃷꄊꄝꄰꅃꅖꅩꅼꆏꆢꆵꇈꇛꇮꈁꈺꉳꊆꊬꊿꋥꋸꌋꌞꌱꍄꍪꍽꎐꎣꎶꏜꏯꐂꐕꐨꐻꑎꑡꑴꒇ"
     "ᱞᱡᱢᱤᱥᱦᱫᱬᱴᱶ" "ꯀꯁꯂꯃꯄꯅꯆꯇꯈꯉꯊꯋꯌꯍꯎꯏꯐꯑꯒꯓꯗꯘꯙꯚ"
     "ကဂဃငဆဈညဋဎဏတပဖဗဘမယလသဟအ" "ᰀᰂᰃᰄᰇᰉᰋᰐᰑᰔᰕᰖᰗᰘᰙᰜᰝᰞᰠᰢ" "ꪀꪂꪄꪈꪊꪌꪎꪐꪒꪔꪘꪚꪜꪞꪠꪢꪦꪨꪪꪬ"
+    "ಅಆಈಉಊಋಐಕಘಙಚಛಜಝಞಢಣಥಧನಪಫಬಭಮಯವಶಷಸಹ" "ߌߍߎߓߔߘߙߚߜߠߡߪ" "𞤂𞤄𞤅𞤆𞤇𞤈𞤊𞤋𞤌𞤏𞤓𞤔𞤕𞤚𞤜𞤝𞤞𞤟𞤡𞤦𞤧𞤪𞤬𞤭𞤮𞤱𞤵𞤶𞤷𞤼𞤾𞤿𞥁𞥃"
 )  # fmt: skip
 SCRIPTS = (  # Kannada, N'Ko and Adlam letters the fitting never draws; no digit twins
     "ಅಆಈಉಊಋಐಕಘಙಚಛಜಝಞಢಣಥಧನಪಫಬಭಮಯವಶಷಸಹ" "ߌߍߎߓߔߘߙߚߜߠߡߪ" "𞤂𞤄𞤅𞤆𞤇𞤈𞤊𞤋𞤌𞤏𞤓𞤔𞤕𞤚𞤜𞤝𞤞𞤟𞤡𞤦𞤧𞤪𞤬𞤭𞤮𞤱𞤵𞤶𞤷𞤼𞤾𞤿𞥁𞥃"
 )  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
-FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 82 families more (19 handwriting-like)
+FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 96 families more (22 handwriting-like)
     "truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeMono.ttf",
     "truetype/freefont/FreeSansBold.ttf", "truetype/freefont/FreeSerifItalic.ttf",
     "truetype/humor-sans/Humor-Sans.ttf", "opentype/comic-neue/ComicNeue-Regular.otf",
@@ -135,6 +137,13 @@ FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 82 
     "opentype/compagnon/Compagnon-Roman.otf", "truetype/engadget/Engadget.ttf",
     "opentype/bajaderka/Bajaderka-Regular.otf", "truetype/woowa-bm/BMKIRANGHAERANG-TTF.ttf",
     "truetype/woowa-bm/BMYEONSUNG_ttf.ttf",
+
+    "opentype/allerta/allerta_medium.otf", "truetype/adf/UniversalisADFStd-Regular.otf",
+    "truetype/bizud-gothic/BIZUDGothic-Regular.ttf", "opentype/national-park/NationalPark-Regular.otf",
+    "truetype/doulos/DoulosSIL-Regular.ttf", "truetype/essays1743/Essays1743.ttf", "truetype/mph-2b-damase/damase.ttf",
+    "opentype/ocr-b/OCRB.otf", "truetype/naver-d2coding/D2Coding-Ver1.3.2-20180524-all.ttc",
+    "opentype/league-mono/LeagueMono-Regular.otf", "truetype/adf/MekanusADFStd-Regular.otf",
+    "truetype/osifont/osifont.ttf", "truetype/unfonts-extra/UnPilgia.ttf", "opentype/cherrybomb/CherryBomb-Regular.otf",
 )  # fmt: skip
 SCRIPT_FIT_FONTS = (  # Thai, Korean, Ethiopic, Devanagari, Arabic; Bengali, Tamil, Khmer and Chinese
     "truetype/tlwg/Loma.ttf", "truetype/tlwg/Kinnari.ttf", "truetype/unfonts-core/UnBatang.ttf",
@@ -159,7 +168,7 @@ VALIDATION_HANDWRITING = (  # fonts-rufscript, fonts-tomsontalks, fonts-urw-base
 WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalapi, Samyak), Telugu (Noto,
     # Gurajada, Ramabhadra), Tibetan (Noto, DDC Uchen, Tibetan Machine), Yi (Nuosu SIL, Noto), Ol Chiki (Uniol,
     # Noto), Meetei Mayek (Eeyek, Noto), Myanmar (Padauk, Noto), Lepcha (Mingzat, Noto), Tai Viet (Tai Heritage Pro,
-    # Noto); the other scripts of SCRIPTS_WORLD in Noto
+    # Noto), Kannada (Noto, Gubbi), N'Ko (Noto, Conakry), Adlam (Noto, Noto Unjoined); the others in Noto
     "truetype/noto/NotoSansArmenian-Regular.ttf", "truetype/noto/NotoSerifArmenian-Regular.ttf",
     "truetype/noto/NotoSansGeorgian-Regular.ttf", "truetype/fonts-bpg-georgian/BPG_Glaho_GPL&GNU.ttf",
     "truetype/fonts-bpg-georgian/BPG_Ingiri_GPL&GNU.ttf", "truetype/lohit-gujarati/Lohit-Gujarati.ttf",
@@ -180,7 +189,9 @@ WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalap
     "truetype/noto/NotoSansMeeteiMayek-Regular.ttf", "truetype/padauk/Padauk-Regular.ttf",
     "truetype/noto/NotoSansMyanmar-Regular.ttf", "truetype/mingzat/Mingzat-Regular.ttf",
     "truetype/noto/NotoSansLepcha-Regular.ttf", "truetype/taiheritagepro/TaiHeritagePro-Regular.ttf",
-    "truetype/noto/NotoSansTaiViet-Regular.ttf",
+    "truetype/noto/NotoSansTaiViet-Regular.ttf", "truetype/noto/NotoSansKannada-Regular.ttf",
+    "truetype/Gubbi/Gubbi.ttf", "truetype/noto/NotoSansNKo-Regular.ttf", "truetype/evertype-conakry/Conakry.ttf",
+    "truetype/noto/NotoSansAdlam-Regular.ttf", "truetype/noto/NotoSansAdlamUnjoined-Regular.ttf",
 )  # fmt: skip
 TEST_FONTS = (  # typefaces no other role uses: sans (Allerta, Universalis, BIZ UDGothic, National Park), serif
     # (Doulos, Essays 1743, Damase), mono (OCR-B, D2Coding, League Mono), slab (Mekanus); the last three are
@@ -472,6 +483,12 @@ NONDIGIT_SETS: dict[str, Draw] = {
     "folded_sheets": pictures.folded_sheets,
     "crumpled": pictures.crumpled,
     "solid_shapes": pictures.solid_shapes,
+    "seismograms": surfaces.seismograms,
+    "pen_tests": surfaces.pen_tests,
+    "wood_grain": surfaces.wood_grain,
+    "thermal_prints": surfaces.thermal_prints,
+    "envelopes": surfaces.envelopes,
+    "pencil_ticks": surfaces.pencil_ticks,
 }
 VALIDATION_SETS: dict[str, Draw] = {  # another stream, other fonts
     "letters": _fonts_set(LETTERS, VALIDATION_FONTS),
