@@ -7,8 +7,8 @@ another stream: `capsnet-train --exposure`); `VALIDATION_SETS` choose the detect
 once and share no font, generator or letter of another script with any other role (the shapes of `training.ood.unseen`);
 `CONFIRMATION_SETS` check a served card later (`capsnet-ood --confirm`). docs/not-a-digit.md lists them. Glyph
 twins of digits (O, I, l, S, Z, B, G, o, s, z, b, g, q; iota, theta, be, che, vav; Thai ro and o ang; Arabic
-waw, ha and mim; Devanagari ra and da; Myanmar wa and da; Kannada ra and la; N'Ko a and o, ...) are in no set,
-and a character is drawn only in the fonts that have its glyph.
+waw, ha and mim; Devanagari ra and da; Myanmar wa and da; Kannada ra and la; N'Ko a and o; Thaana haa and vaavu;
+Mongolian ba and ja, ...) are in no set, and a character is drawn only in the fonts that have its glyph.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ SCRIPTS_WORLD = (  # Armenian, Georgian, Gujarati, Sinhala, Malayalam, Lao, Gurm
     "ကဂဃငဆဈညဋဎဏတပဖဗဘမယလသဟအ" "ᰀᰂᰃᰄᰇᰉᰋᰐᰑᰔᰕᰖᰗᰘᰙᰜᰝᰞᰠᰢ" "ꪀꪂꪄꪈꪊꪌꪎꪐꪒꪔꪘꪚꪜꪞꪠꪢꪦꪨꪪꪬ"
     "ಅಆಈಉಊಋಐಕಘಙಚಛಜಝಞಢಣಥಧನಪಫಬಭಮಯವಶಷಸಹ" "ߌߍߎߓߔߘߙߚߜߠߡߪ" "𞤂𞤄𞤅𞤆𞤇𞤈𞤊𞤋𞤌𞤏𞤓𞤔𞤕𞤚𞤜𞤝𞤞𞤟𞤡𞤦𞤧𞤪𞤬𞤭𞤮𞤱𞤵𞤶𞤷𞤼𞤾𞤿𞥁𞥃"
 )  # fmt: skip
-SCRIPTS = (  # Kannada, N'Ko and Adlam letters the fitting never draws; no digit twins
-    "ಅಆಈಉಊಋಐಕಘಙಚಛಜಝಞಢಣಥಧನಪಫಬಭಮಯವಶಷಸಹ" "ߌߍߎߓߔߘߙߚߜߠߡߪ" "𞤂𞤄𞤅𞤆𞤇𞤈𞤊𞤋𞤌𞤏𞤓𞤔𞤕𞤚𞤜𞤝𞤞𞤟𞤡𞤦𞤧𞤪𞤬𞤭𞤮𞤱𞤵𞤶𞤷𞤼𞤾𞤿𞥁𞥃"
+SCRIPTS = (  # Thaana and Mongolian letters (Todo and Manchu ones too) the fitting never draws; no digit twins
+    "ށނރކދތޏޔޘޝޞޟޠޡ" "ᠠᠢᠧᠩᠾᡄᡅᡍᡎᡙᡢᡤᡥᡫᡳᡶ"
 )  # fmt: skip
 FONT_ROOT = Path("/usr/share/fonts")
 FIT_FONTS = (  # FreeFont, Humor Sans, Comic Neue, URW base 35, handwriting, 96 families more (22 handwriting-like)
@@ -193,20 +193,20 @@ WORLD_FONTS = (  # Armenian (Noto), Georgian (Noto, BPG), Gujarati (Lohit, Kalap
     "truetype/Gubbi/Gubbi.ttf", "truetype/noto/NotoSansNKo-Regular.ttf", "truetype/evertype-conakry/Conakry.ttf",
     "truetype/noto/NotoSansAdlam-Regular.ttf", "truetype/noto/NotoSansAdlamUnjoined-Regular.ttf",
 )  # fmt: skip
-TEST_FONTS = (  # typefaces no other role uses: sans (Allerta, Universalis, BIZ UDGothic, National Park), serif
-    # (Doulos, Essays 1743, Damase), mono (OCR-B, D2Coding, League Mono), slab (Mekanus); the last three are
-    # handwriting-like (ISO technical lettering, a Korean pen hand and a marker-drawn display)
-    "opentype/allerta/allerta_medium.otf", "truetype/adf/UniversalisADFStd-Regular.otf",
-    "truetype/bizud-gothic/BIZUDGothic-Regular.ttf", "opentype/national-park/NationalPark-Regular.otf",
-    "truetype/doulos/DoulosSIL-Regular.ttf", "truetype/essays1743/Essays1743.ttf", "truetype/mph-2b-damase/damase.ttf",
-    "opentype/ocr-b/OCRB.otf", "truetype/naver-d2coding/D2Coding-Ver1.3.2-20180524-all.ttc",
-    "opentype/league-mono/LeagueMono-Regular.otf", "truetype/adf/MekanusADFStd-Regular.otf",
-    "truetype/osifont/osifont.ttf", "truetype/unfonts-extra/UnPilgia.ttf", "opentype/cherrybomb/CherryBomb-Regular.otf",
+TEST_FONTS = (  # typefaces no other role uses: sans (Ikarius ADF, Millimetre, Cupola, Summersby), serif (Caslon,
+    # Galatia SIL, Emerita Latina), mono (IBM VGA 8x16, GW Monospace, Konatu Tohaba), slab (Oradano Mincho's Latin, a
+    # worn letterpress face); the last three are handwriting-like (Ænigma Scrawl, Johnny Mac Scrawl, Hand Me Down)
+    "truetype/adf/IkariusADFStd-Regular.otf", "opentype/millimetre/millimetreA 01.otf",
+    "truetype/fonts-georgewilliams/Cupola.ttf", "truetype/summersby/summersby.ttf",
+    "truetype/fonts-georgewilliams/CaslonRoman.ttf", "truetype/galatia/GalSILR.ttf",
+    "truetype/linex/emerita_latina.ttf", "pc/Px_IBM_VGA8.ttf", "truetype/fonts-georgewilliams/GWMonospace.ttf",
+    "truetype/konatu/KonatuTohaba.ttf", "truetype/oradano-mincho/OradanoGSRR.ttf", "truetype/aenigma/aescrawl.ttf",
+    "truetype/aenigma/jmacscrl.ttf", "truetype/aenigma/handmeds.ttf",
 )  # fmt: skip
-SCRIPT_FONTS = (  # Kannada (Noto, Gubbi), N'Ko (Noto, Conakry), Adlam (Noto, Noto Unjoined)
-    "truetype/noto/NotoSansKannada-Regular.ttf", "truetype/Gubbi/Gubbi.ttf", "truetype/noto/NotoSansNKo-Regular.ttf",
-    "truetype/evertype-conakry/Conakry.ttf", "truetype/noto/NotoSansAdlam-Regular.ttf",
-    "truetype/noto/NotoSansAdlamUnjoined-Regular.ttf",
+SCRIPT_FONTS = (  # Thaana (Noto Sans Thaana, regular and bold: Debian's other Thaana faces are fitting fonts or
+    # Unifont's pixels), Mongolian (Noto, Manchu Font)
+    "truetype/noto/NotoSansThaana-Regular.ttf", "truetype/noto/NotoSansThaana-Bold.ttf",
+    "truetype/noto/NotoSansMongolian-Regular.ttf", "truetype/manchufont/ManchuFont.ttf",
 )  # fmt: skip
 CONFIRMATION_FONTS = (  # fonts-linuxlibertine
     "opentype/linux-libertine/LinLibertine_R.otf", "opentype/linux-libertine/LinLibertine_RI.otf",
@@ -276,7 +276,10 @@ FONT_PACKAGES = {  # the Debian package of each font folder (or file), to name i
     "mph-2b-damase": "fonts-mph-2b-damase", "ocr-b": "fonts-ocr-b", "naver-d2coding": "fonts-naver-d2coding",
     "league-mono": "fonts-league-mono", "MekanusADFStd-Regular.otf": "fonts-adf-mekanus", "osifont": "fonts-osifont",
     "unfonts-extra": "fonts-unfonts-extra", "cherrybomb": "fonts-cherrybomb", "Gubbi": "fonts-gubbi",
-    "evertype-conakry": "fonts-evertype-conakry",
+    "evertype-conakry": "fonts-evertype-conakry", "IkariusADFStd-Regular.otf": "fonts-adf-ikarius",
+    "millimetre": "fonts-millimetre", "fonts-georgewilliams": "fonts-georgewilliams", "summersby": "fonts-summersby",
+    "galatia": "fonts-sil-galatia", "linex": "fonts-linex", "pc": "fonts-pc", "konatu": "fonts-konatu",
+    "oradano-mincho": "fonts-oradano-mincho-gsrr", "aenigma": "fonts-aenigma", "manchufont": "fonts-manchufont",
 }  # fmt: skip
 ALL_FONT_PACKAGES = " ".join(dict.fromkeys(" ".join(FONT_PACKAGES.values()).split()))
 
@@ -504,12 +507,12 @@ TEST_SETS: dict[str, Draw] = {  # fonts and generators used for nothing else
     "letters": _fonts_set(LETTERS, TEST_FONTS),
     "other_scripts": _fonts_set(SCRIPTS, SCRIPT_FONTS),
     "symbols": _fonts_set(SYMBOLS, TEST_FONTS),
-    "strokes": unseen.seismograms,
-    "scribbles": unseen.pen_tests,
-    "textures": unseen.wood_grain,
-    "noise": unseen.thermal_prints,
-    "blank": unseen.envelopes,
-    "near_blank": unseen.pencil_ticks,
+    "strokes": unseen.circuit_traces,
+    "scribbles": unseen.seams,
+    "textures": unseen.raindrops,
+    "noise": unseen.brushed_metal,
+    "blank": unseen.blind_shadows,
+    "near_blank": unseen.eraser_crumbs,
 }
 CONFIRMATION_SETS: dict[str, Draw] = {  # fonts used by nothing else
     "letters": _fonts_set(LETTERS, CONFIRMATION_FONTS),

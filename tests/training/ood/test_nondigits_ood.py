@@ -20,6 +20,7 @@ from training.ood import calibrate as ood
 from training.ood import fitted as ood_fitted
 from training.ood import nondigits, pictures, shapes, surfaces, unseen
 from training.ood.nondigits import FONT_PACKAGE, NONDIGIT_SETS, FontMissing, font_paths, make_set
+from training.ood.shapes import CANVAS
 
 
 def fonts_present() -> bool:
@@ -189,6 +190,8 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "ခစဇဉဌဍထဒဓနရဝဠ" "ᰁᰅᰆᰈᰊᰌᰍᰎᰏᰒᰓᰚᰛᰟᰡᰣ" "ꪅꪆꪇꪉꪋꪑꪖꪤꪥꪫꪮꪯ"  # Myanmar, Lepcha, Tai Viet
         "ಇಌಎಏಒಓಔಖಗಟಠಡತದರಱಲಳ" "ߊߋߏߐߑߒߕߖߗߛߝߞߟߢߣߤߥߦߧߨߩ"  # Kannada, N'Ko
         "𞤀𞤁𞤃𞤉𞤍𞤎𞤐𞤑𞤒𞤖𞤗𞤘𞤙𞤛𞤠𞤢𞤣𞤤𞤥𞤨𞤩𞤫𞤯𞤰𞤲𞤳𞤴𞤸𞤹𞤺𞤻𞤽𞥀𞥂"  # Adlam
+        "ހބޅއވމފލގސޑޒޓޕޖޗޙޚޛޜޢޣޤޥޱ"  # Thaana
+        "ᠡᠣᠤᠥᠦᠨᠪᠫᠬᠭᠮᠯᠰᠱᠲᠳᠴᠵᠶᠷᠸᠹᠺᠻᠼᠽᠿᡀᡁᡂᡃᡆᡇᡈᡉᡊᡋᡌᡏᡐᡑᡒᡓᡔᡕᡖᡗᡘᡚᡛᡜᡝᡞᡟᡠᡡᡣᡦᡧᡨᡩᡪᡬᡭᡮᡯᡰᡱᡲᡴᡵᡷ"  # Mongolian
         "අඌඑචථදඵවෆ" "ഋഒടഠദറ" "ຂຈດຣລອຮ" "ਓਕਙਡਤਪਲੜ" "ଓଠ" "ᐊᑫᑲᒉᒣᔦᔭᕋᕗ" "ⴰⵏⵔⵖⵚⵛⵢ" "ܕܙܝܨܪ" "ꔇꔎꔏꔒꔓꔡꔢ"
     )  # fmt: skip
     digits = set(
@@ -198,6 +201,7 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
         "᱐᱑᱒᱓᱔᱕᱖᱗᱘᱙꯰꯱꯲꯳꯴꯵꯶꯷꯸꯹"  # Ol Chiki, Meetei Mayek
         "၀၁၂၃၄၅၆၇၈၉႐႑႒႓႔႕႖႗႘႙᱀᱁᱂᱃᱄᱅᱆᱇᱈᱉"  # Myanmar, Shan, Lepcha
         "೦೧೨೩೪೫೬೭೮೯߀߁߂߃߄߅߆߇߈߉𞥐𞥑𞥒𞥓𞥔𞥕𞥖𞥗𞥘𞥙"  # Kannada, N'Ko, Adlam
+        "᠐᠑᠒᠓᠔᠕᠖᠗᠘᠙"  # Mongolian (Thaana writes Arabic digits)
     )  # fmt: skip
     drawn = (
         nondigits.LETTERS
@@ -221,8 +225,8 @@ def test_no_set_holds_a_glyph_twin_of_a_digit() -> None:
      pictures.fax_noise, pictures.empty_windows, pictures.stamps, pictures.solid_bars, pictures.heartbeats,
      pictures.crayons, pictures.knits, pictures.tv_snow, pictures.folded_sheets, pictures.crumpled,
      pictures.solid_shapes, surfaces.seismograms, surfaces.pen_tests, surfaces.wood_grain, surfaces.thermal_prints,
-     surfaces.envelopes, surfaces.pencil_ticks, unseen.seismograms, unseen.pen_tests, unseen.wood_grain,
-     unseen.thermal_prints, unseen.envelopes, unseen.pencil_ticks],
+     surfaces.envelopes, surfaces.pencil_ticks, unseen.circuit_traces, unseen.seams, unseen.raindrops,
+     unseen.brushed_metal, unseen.blind_shadows, unseen.eraser_crumbs],
 )  # fmt: skip
 def test_the_generators_draw_something_in_range(draw: Callable[[np.random.Generator], np.ndarray]) -> None:
     for seed in range(20):
@@ -385,6 +389,48 @@ def test_envelopes_are_faint_and_pencil_ticks_are_faint_small_marks() -> None:
     marks = [surfaces.pencil_ticks(np.random.default_rng(s)) for s in range(20)]
     assert all(0 < m.max() <= 0.8 and (m > 0.02).mean() < 0.02 for m in marks)
     assert sum(bool(i.any()) for i in make_set("pencil_ticks", 20, seed=0, role="fit")) > 15  # the faintest: blank
+
+
+def test_circuit_traces_fan_out_and_seams_run_level() -> None:
+    for seed in range(10):
+        copper = unseen.circuit_traces(np.random.default_rng(seed))
+        rows, cols = np.nonzero(copper > 0.5)
+        assert min(np.ptp(rows), np.ptp(cols)) >= 40 and 0.02 < (copper > 0.5).mean() < 0.25  # a fan, never one stroke
+        assert min(rows.min(), cols.min()) >= 4 and max(rows.max(), cols.max()) < CANVAS - 4  # fitted, none cut off
+        stitches = unseen.seams(np.random.default_rng(seed))
+        rows, cols = np.nonzero(stitches > 0.5)
+        assert np.ptp(cols) >= 60 and np.ptp(cols) > 1.5 * np.ptp(rows)  # along a level seam, not an upright stroke
+
+
+def test_raindrops_are_a_field_and_brushed_metal_is_streaked() -> None:
+    def agreement(picture: np.ndarray, dy: int, dx: int) -> float:
+        """How far each pixel agrees with its neighbour (dy, dx) away: the correlation of the two."""
+        h, w = picture.shape
+        a, b = picture[: h - dy, max(0, -dx) : w - max(0, dx)], picture[dy:, max(0, dx) : w - max(0, -dx)]
+        return float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
+
+    for seed in range(10):
+        glass = unseen.raindrops(np.random.default_rng(seed))
+        assert glass.shape == (64, 64) and len(np.unique(glass)) > 20 and (glass == 1).sum() >= 10  # the glints
+        metal = unseen.brushed_metal(np.random.default_rng(seed))
+        assert min(metal.shape) >= 48 and max(metal.shape) <= 128 and 0.02 < metal.std() < 0.15
+        agreements = [agreement(metal, dy, dx) for dy, dx in ((0, 1), (1, 0), (1, 1), (1, -1))]
+        assert max(agreements) > 2 * min(agreements) + 0.05  # scratches: alike along them, not across
+
+
+def test_blind_shadows_are_faint_bands_and_eraser_crumbs_small_marks() -> None:
+    """A sheet's shadow bands are at most 18% of full contrast darker: about half come out as an empty page, the
+    others (over the service's contrast floor) as soft stripes. Eraser crumbs cover under 5% of their page and all
+    come through."""
+    sheets = [unseen.blind_shadows(np.random.default_rng(s)) for s in range(20)]
+    assert all(0.02 - 1e-9 <= p.max() - p.min() <= 0.18 + 3 / 255 + 1e-9 and p.min() >= 0.5 for p in sheets)
+    for sheet in sheets:  # bands and gaps: each level covers a sixth of the sheet or more
+        assert 1 / 6 < (sheet < (sheet.min() + sheet.max()) / 2).mean() < 5 / 6
+    through = sum(bool(i.any()) for i in make_set("blank", 20, seed=0, role="test"))
+    assert 5 <= through < 20  # a fair share over the contrast floor, the others an empty page
+    crumbs = [unseen.eraser_crumbs(np.random.default_rng(s)) for s in range(20)]
+    assert all(0.1 <= m.max() <= 0.6 and (m > 0.05).mean() < 0.05 for m in crumbs)
+    assert all(bool(i.any()) for i in make_set("near_blank", 8, seed=0, role="test"))
 
 
 def test_fax_noise_is_one_bit_in_runs_and_terrazzo_is_a_field_of_chips() -> None:
