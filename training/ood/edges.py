@@ -101,8 +101,8 @@ def edge_pair(model_dir: Path) -> dict[str, Any]:
 def veto_pair(model_dir: Path) -> dict[str, Any] | None:
     """For a card with a misread veto: two images either side of its cut, both accepted by the score without the
     veto, so that the veto alone flips the flag: a typeset digit blended into another (bisection on the blend
-    where the margin first falls to the cut), the first pair whose margins lie within EDGE_NEAR of the cut, or else
-    the closest. None for a card without a veto."""
+    where the margin first falls to the cut, then on the pixels, `straddle`), the first pair whose margins lie within
+    EDGE_NEAR of the cut, or else the closest. None for a card without a veto."""
     model = ModelOutputs(model_dir)
     calibration = OODCalibration.from_card(model.card["ood"])
     veto = calibration.veto
@@ -121,7 +121,11 @@ def veto_pair(model_dir: Path) -> dict[str, Any] | None:
             middle = (low + high) / 2
             vetoed = plain(blend(digit, other, middle))[1][veto.feature][0] <= veto.at_most
             low, high = (low, middle) if vetoed else (middle, high)
-        sides = {"outside": blend(digit, other, low), "inside": blend(digit, other, high)}
+        outside, inside = straddle(
+            blend(digit, other, low), blend(digit, other, high),
+            lambda pixels: plain(pixels)[1][veto.feature][0] <= veto.at_most,
+        )  # fmt: skip
+        sides = {"outside": outside, "inside": inside}
         if any(plain(pixels)[0] > calibration.threshold for pixels in sides.values()):
             continue  # the score alone refuses one of them: not the veto's doing
         pair: dict[str, Any] = {"digits": d + e, "at_most": veto.at_most, "score": veto.score}
@@ -140,6 +144,26 @@ def veto_pair(model_dir: Path) -> dict[str, Any] | None:
         return best[1]
     raise ValueError(f"no blend of two typeset digits of {EDGE_DIGITS} crosses the veto's cut while the score "
                      "without the veto accepts it")  # fmt: skip
+
+
+def straddle(
+    outside: np.ndarray, inside: np.ndarray, vetoed: Callable[[np.ndarray], bool]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two images that differ in one pixel, the first not `vetoed` and the second vetoed, between `outside` (not
+    vetoed) and `inside` (vetoed): bisection on how many of the pixels in which they differ come from `inside`. Two
+    blends a step apart differ in many pixels at once, too coarse for a small cut."""
+    changed = np.flatnonzero(outside != inside)
+
+    def mixed(k: int) -> np.ndarray:
+        image = outside.copy()
+        image.flat[changed[:k]] = inside.flat[changed[:k]]
+        return image
+
+    low, high = 0, len(changed)  # mixed(low) is not vetoed, mixed(high) is
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if vetoed(mixed(middle)) else (middle, high)
+    return mixed(low), mixed(high)
 
 
 def write_edges(model_dir: Path, file: Path) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -93,6 +94,9 @@ def test_reject_ood_passes_the_image_below_and_refuses_the_one_above(zoo_client:
 
 
 VETO_NEAR = 0.02  # each image of a veto pair has a margin within 2% of the cut: a veto 2% looser or tighter flips one
+# unless the two images are one pixel apart, the finest step an image allows: the preprocessing places the digit by its
+# centre of mass, so one pixel's level can move the margin by a few percent; then within this
+VETO_NEAR_ONE_PIXEL = 0.05
 
 
 def card_ood(name: str) -> dict[str, Any]:
@@ -109,8 +113,10 @@ def test_a_card_with_a_misread_veto_has_a_pair_cut_either_side_of_it(name: str) 
     cut = pair["veto"]
     assert (cut["at_most"], cut["score"]) == (veto["at_most"], veto["score"])
     assert cut["inside"]["margin"] <= veto["at_most"] < cut["outside"]["margin"]
-    assert cut["outside"]["margin"] < veto["at_most"] * (1 + VETO_NEAR)
-    assert cut["inside"]["margin"] > veto["at_most"] * (1 - VETO_NEAR)
+    apart = np.count_nonzero(np.asarray(cut["inside"]["pixels"]) != np.asarray(cut["outside"]["pixels"]))
+    near = VETO_NEAR_ONE_PIXEL if apart == 1 else VETO_NEAR
+    assert cut["outside"]["margin"] < veto["at_most"] * (1 + near)
+    assert cut["inside"]["margin"] > veto["at_most"] * (1 - near)
     assert cut["outside"]["ood_score"] <= card_ood(name)["threshold"] < cut["inside"]["ood_score"] == veto["score"]
 
 

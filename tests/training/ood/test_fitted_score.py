@@ -410,3 +410,16 @@ def test_the_cache_never_answers_another_model_of_the_same_name(tiny_model: Path
     second = ood_fitted.ModelOutputs(other, tmp_path / "cache").run(images, "letters")
     assert len(list((tmp_path / "cache").iterdir())) == 2
     assert not np.array_equal(first["scores"], second["scores"])
+
+
+def test_straddle_finds_two_images_one_pixel_apart_either_side_of_the_veto() -> None:
+    rng = np.random.default_rng(3)
+    outside, inside = rng.integers(0, 100, (28, 28)).astype(np.uint8), rng.integers(150, 256, (28, 28)).astype(np.uint8)
+
+    def vetoed(image: np.ndarray) -> bool:  # a stand-in for "the margin is at most the cut": the ink crosses a level
+        return int(image.astype(np.int64).sum()) >= 100_000
+
+    assert not vetoed(outside) and vetoed(inside)
+    below, above = ood_edges.straddle(outside, inside, vetoed)
+    assert not vetoed(below) and vetoed(above)
+    assert np.count_nonzero(below != above) == 1  # one pixel apart: the finest step an image of uint8 allows
