@@ -151,7 +151,7 @@ def blind_shadows(rng: np.random.Generator) -> np.ndarray:
     """A blank sheet in the light through a venetian blind, 40 to 180 pixels wide and 0.6 to 1.6 times as high:
     three to eight soft bands of shadow across it (within 50 degrees of level), each a third to two thirds of its
     period, 2% to 18% of full contrast darker, over a drift of at most 3 of 255 levels. Under the service's contrast
-    floor a sheet comes out blank (about half of them), over it as soft stripes."""
+    floor a sheet comes out blank (about three in five), over it as soft stripes."""
     w = int(rng.integers(40, 181))
     h = int(w * rng.uniform(0.6, 1.6))
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
