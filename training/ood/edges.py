@@ -109,22 +109,22 @@ def veto_pair(model_dir: Path) -> dict[str, Any] | None:
     if veto is None:
         return None
     score, plain = scorer(model, calibration), scorer(model, replace(calibration, veto=None))
+
+    def vetoed(pixels: np.ndarray) -> bool:
+        return bool(plain(pixels)[1][veto.feature][0] <= veto.at_most)
+
     best: tuple[float, dict[str, Any]] | None = None
     for d, e in ((d, e) for d in EDGE_DIGITS for e in EDGE_DIGITS if d != e):
         digit, other = typeset(d), typeset(e)
         steps = np.linspace(0, 1, EDGE_STEPS + 1)
-        crossed = next((t for t in steps if plain(blend(digit, other, t))[1][veto.feature][0] <= veto.at_most), None)
+        crossed = next((t for t in steps if vetoed(blend(digit, other, t))), None)
         if crossed is None or crossed == 0:
             continue
         low, high = crossed - steps[1], crossed
         for _ in range(EDGE_STEPS):
             middle = (low + high) / 2
-            vetoed = plain(blend(digit, other, middle))[1][veto.feature][0] <= veto.at_most
-            low, high = (low, middle) if vetoed else (middle, high)
-        outside, inside = straddle(
-            blend(digit, other, low), blend(digit, other, high),
-            lambda pixels: plain(pixels)[1][veto.feature][0] <= veto.at_most,
-        )  # fmt: skip
+            low, high = (low, middle) if vetoed(blend(digit, other, middle)) else (middle, high)
+        outside, inside = straddle(blend(digit, other, low), blend(digit, other, high), vetoed)
         sides = {"outside": outside, "inside": inside}
         if any(plain(pixels)[0] > calibration.threshold for pixels in sides.values()):
             continue  # the score alone refuses one of them: not the veto's doing
