@@ -419,9 +419,9 @@ def test_raindrops_are_a_field_and_brushed_metal_is_streaked() -> None:
 
 
 def test_blind_shadows_are_faint_bands_and_eraser_crumbs_small_marks() -> None:
-    """A sheet's shadow bands are at most 18% of full contrast darker: about half come out as an empty page, the
-    others (over the service's contrast floor) as soft stripes. Eraser crumbs cover under 5% of their page and all
-    come through."""
+    """A sheet's shadow bands are at most 18% of full contrast darker: about three in five come out as an empty page,
+    the others (over the service's contrast floor) as soft stripes. Eraser crumbs cover under 5% of their page and
+    all come through."""
     sheets = [unseen.blind_shadows(np.random.default_rng(s)) for s in range(20)]
     assert all(0.02 - 1e-9 <= p.max() - p.min() <= 0.18 + 3 / 255 + 1e-9 and p.min() >= 0.5 for p in sheets)
     for sheet in sheets:  # bands and gaps: each level covers a sixth of the sheet or more
